@@ -1,0 +1,21 @@
+"""The `teola` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="teola", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    from teola_benchmarks.cli import add_bench_command
+
+    add_bench_command(commands)
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

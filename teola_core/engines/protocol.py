@@ -1,0 +1,123 @@
+"""The one protocol every engine implements.
+
+An engine runs a batch of primitive calls (possibly of several queries) and returns one
+result per call, in order: a dict of output port values, or an exception that fails
+that call alone. LLM engines may also stream a decode as text deltas. Everything else
+(`run_one`, the default `stream`) derives from `run`, as langchain-core derives
+`batch` from `invoke`.
+
+    class Upper(Engine):
+        name = "upper"
+        async def run(self, calls):
+            return [{"text": c.inputs["text"].upper()} for c in calls]
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from teola_core.ir.kinds import Capabilities, PrimitiveKind
+from teola_core.ir.node import Node
+
+if TYPE_CHECKING:
+    from teola_core.profiles.profile import LatencyProfile
+
+
+@dataclass(frozen=True)
+class Call:
+    """One primitive invocation: the node, its input values, and whose query it is."""
+
+    query_id: str
+    node: Node
+    inputs: Mapping[str, Any]
+
+    @property
+    def items(self) -> int:
+        """How many items this call carries (1 for item-less primitives)."""
+        for port in self.node.caps.item_inputs:
+            value = self.inputs.get(port)
+            if isinstance(value, Sequence):
+                return len(value)
+        return 1
+
+
+CallResult = Mapping[str, Any] | BaseException
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the engine scheduler must respect.
+
+    max_batch_items: the most items one batch may carry (None: as many as given).
+    concurrency: batches that may run at once (instances, or an LLM's running set).
+    timeout_s: a batch running longer fails its calls (None: no limit).
+    """
+
+    max_batch_items: int | None = None
+    concurrency: int = 1
+    timeout_s: float | None = None
+
+
+class Engine(ABC):
+    """Base class of all engines. Subclasses implement `run` (and `stream` if they can)."""
+
+    name: str = "engine"
+    kinds: frozenset[PrimitiveKind] = frozenset()
+    limits: EngineLimits = EngineLimits()
+    profile: LatencyProfile | None = None
+
+    @abstractmethod
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        """Run a batch; one result (outputs or an exception) per call, in order."""
+
+    async def run_one(self, call: Call) -> Mapping[str, Any]:
+        (result,) = await self.run([call])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        """Decode as text deltas. Default: run the call and yield its whole text."""
+        outputs = await self.run_one(call)
+        yield outputs["text"]
+
+    def capabilities(self, kind: PrimitiveKind, caps: Capabilities) -> Capabilities:
+        """Narrow a kind's default capabilities (e.g. an engine that cannot batch)."""
+        return caps
+
+    async def close(self) -> None:
+        """Release resources. Default: nothing to release."""
+
+
+@dataclass
+class EngineSet:
+    """The engines a runtime uses, by name. Passed explicitly; there is no global registry."""
+
+    engines: dict[str, Engine] = field(default_factory=dict)
+
+    def add(self, engine: Engine, name: str | None = None) -> EngineSet:
+        key = name or engine.name
+        if key in self.engines:
+            raise ValueError(f"engine name {key!r} is already registered")
+        self.engines[key] = engine
+        return self
+
+    def __getitem__(self, name: str) -> Engine:
+        try:
+            return self.engines[name]
+        except KeyError:
+            known = ", ".join(sorted(self.engines)) or "none"
+            raise KeyError(f"no engine named {name!r} (registered: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.engines
+
+    def profiles(self) -> dict[str, LatencyProfile]:
+        return {name: e.profile for name, e in self.engines.items() if e.profile is not None}
+
+    async def close(self) -> None:
+        for engine in self.engines.values():
+            await engine.close()

@@ -1,0 +1,115 @@
+"""Nodes and edges of a primitive graph.
+
+A node is an immutable record: an id stable across copies of its graph, a kind, the
+engine that runs it, its named ports, its config and its capabilities. Passes build new
+nodes with `dataclasses.replace`; they never mutate one that another graph holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
+
+Port = PortSpec
+
+
+def _freeze(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(config))
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One primitive of a graph.
+
+    items: how many items the node's item ports carry, when known at build time (the
+    number of documents to embed, of queries to search). Stage decomposition reads it.
+    label: a human-readable origin (a module or a framework step) used in errors.
+    """
+
+    id: str
+    kind: PrimitiveKind
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    engine: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    caps: Capabilities = Capabilities()
+    items: int | None = None
+    module: str | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", _freeze(self.config))
+
+    def input_port(self, name: str) -> Port | None:
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def output_port(self, name: str) -> Port | None:
+        return next((p for p in self.outputs if p.name == name), None)
+
+    def with_config(self, **changes: Any) -> Node:
+        return replace(self, config={**self.config, **changes})
+
+    def describe(self) -> str:
+        """`id (kind on engine, from label)`: how errors name a primitive."""
+        where = f" on {self.engine}" if self.engine else ""
+        origin = f", from {self.label}" if self.label else ""
+        return f"{self.id} ({self.kind.value}{where}{origin})"
+
+    def same_as(self, other: Node) -> bool:
+        """Structural equality (ids, ports, config, capabilities)."""
+        return (
+            self.id == other.id
+            and self.kind == other.kind
+            and self.inputs == other.inputs
+            and self.outputs == other.outputs
+            and self.engine == other.engine
+            and dict(self.config) == dict(other.config)
+            and self.caps == other.caps
+            and self.items == other.items
+        )
+
+
+@dataclass(frozen=True)
+class ItemSlice:
+    """Select items [start, stop) of a list value travelling along an edge."""
+
+    start: int
+    stop: int
+
+    def apply(self, value: Any) -> Any:
+        return value[self.start : self.stop]
+
+
+@dataclass(frozen=True)
+class DataEdge:
+    """Producer port -> consumer port. `select` narrows the value (stage slices)."""
+
+    src: str
+    src_port: str
+    dst: str
+    dst_port: str
+    select: ItemSlice | None = None
+
+
+@dataclass(frozen=True)
+class ControlEdge:
+    """Order only: `dst` waits for `src`.
+
+    With `branch` set, `src` is a condition and `dst` runs only if the condition chose
+    that branch; otherwise `dst` (and what needs its data) is skipped. `pinned` marks an
+    order the user asked for (a side effect); dependency pruning keeps guards and pinned
+    edges and drops the rest (module order that no data needs).
+    """
+
+    src: str
+    dst: str
+    branch: int | None = None
+    pinned: bool = False
+
+    @property
+    def prunable(self) -> bool:
+        return self.branch is None and not self.pinned

@@ -1,0 +1,44 @@
+"""The pass protocol: a pass is a pure function from graph to graph.
+
+A pass returns a new `Graph` (or the same object when it has nothing to do: that is
+how the manager detects the fixed point). It never mutates its input: edit a copy with
+`graph.edit()` and `freeze()` it. What a pass needs to know about engines (their
+latency profiles, hence their max efficient batch) comes in the `PassContext`.
+
+    class DropNothing(Pass):
+        name = "drop-nothing"
+        def run(self, graph, ctx):
+            return graph
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from teola_core.ir.graph import Graph
+from teola_core.profiles.profile import LatencyProfile
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """profiles: engine name -> latency profile. tolerance: see `Curve.max_efficient`."""
+
+    profiles: Mapping[str, LatencyProfile] = field(default_factory=dict)
+    tolerance: float = 0.1
+
+    def max_efficient_batch(self, engine: str | None, op: str) -> int | None:
+        """The engine's max efficient batch for `op`, or None when it has no such profile."""
+        profile = self.profiles.get(engine or "")
+        if profile is None or op not in profile.curves:
+            return None
+        return profile.max_efficient_batch(op, self.tolerance)
+
+
+class Pass(ABC):
+    name: str = "pass"
+
+    @abstractmethod
+    def run(self, graph: Graph, ctx: PassContext) -> Graph:
+        """Return the rewritten graph, or `graph` itself if there was nothing to do."""

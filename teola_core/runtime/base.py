@@ -1,0 +1,46 @@
+"""The interface every runtime backend implements (local asyncio, Ray).
+
+A runtime drives the scheduler state machines and does the I/O: it starts engines'
+batches, feeds results back as events, and resolves each query's future. Observers
+(timelines, metrics) hang on hooks and never change what runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from teola_core.ir.graph import Graph
+from teola_core.ir.node import Node
+
+
+@dataclass(frozen=True)
+class PrimitiveSpan:
+    """One primitive's execution: when it was queued, started and ended (runtime clock)."""
+
+    query_id: str
+    node: Node
+    ready_at: float
+    started_at: float
+    ended_at: float
+    batch_size: int = 1
+    error: str | None = None
+
+
+class RuntimeHook(Protocol):
+    def on_span(self, span: PrimitiveSpan) -> None: ...
+
+
+class Runtime(ABC):
+    @abstractmethod
+    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
+        """Run one query's graph to completion; return the output node's values."""
+
+    @abstractmethod
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """Observe every primitive's span."""
+
+    async def close(self) -> None:
+        """Stop background work. Default: nothing to stop."""
