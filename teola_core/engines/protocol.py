@@ -88,7 +88,7 @@ class Engine(ABC):
         """Narrow a kind's default capabilities (e.g. an engine that cannot batch)."""
         return caps
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release resources. Default: nothing to release."""
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from teola_core.ir.errors import GraphError
@@ -155,9 +156,7 @@ class GraphBuilder:
         node = self.add(PrimitiveKind.EMBED, {"texts": texts}, engine=engine, items=items, config=config)
         return Value(node.id, "vectors")
 
-    def ingest(
-        self, texts: Value, vectors: Value, *, engine: str, items: int | None = None, **config: Any
-    ) -> Value:
+    def ingest(self, texts: Value, vectors: Value, *, engine: str, items: int | None = None, **config: Any) -> Value:
         node = self.add(
             PrimitiveKind.INGEST, {"texts": texts, "vectors": vectors}, engine=engine, items=items, config=config
         )
@@ -250,12 +249,17 @@ class GraphBuilder:
         outputs: Sequence[str] = ("value",),
         name: str = "call",
         label: str | None = None,
+        inline: bool = False,
     ) -> Value:
-        """Run `fn(**inputs)` (sync or async). With several outputs it returns a dict."""
+        """Run `fn(**inputs)` (sync or async); with several outputs `fn` returns a dict.
+
+        A plain function runs in a worker thread (it may block) unless `inline=True`
+        declares it cheap and non-blocking, to run on the event loop.
+        """
         node = self.add(
             PrimitiveKind.CALL,
             inputs,
-            config={"fn": fn},
+            config={"fn": fn, "inline": inline},
             input_ports=tuple(PortSpec(p, PortType.ANY) for p in inputs),
             output_ports=tuple(PortSpec(p, PortType.ANY) for p in outputs),
             name=name,
@@ -268,9 +272,7 @@ class GraphBuilder:
         return Value(value.node, port)
 
     def aggregate(self, parts: Sequence[Value], mode: MergeMode, **config: Any) -> Value:
-        ports = tuple(
-            PortSpec(f"part_{i}", PortType.ANY, optional=mode == MergeMode.SELECT) for i in range(len(parts))
-        )
+        ports = tuple(PortSpec(f"part_{i}", PortType.ANY, optional=mode == MergeMode.SELECT) for i in range(len(parts)))
         node = self.add(
             PrimitiveKind.AGGREGATE,
             {f"part_{i}": v for i, v in enumerate(parts)},
@@ -304,7 +306,7 @@ class GraphBuilder:
 
     def _chain_modules(self) -> None:
         ordered = [(name, ids) for name, ids in self._modules.items() if ids]
-        for (_, before), (_, after) in zip(ordered, ordered[1:], strict=False):
+        for (_, before), (_, after) in pairwise(ordered):
             inside_before, inside_after = set(before), set(after)
             sinks = [n for n in before if not any(e.dst in inside_before for e in self._editor.data_out(n))]
             sources = [n for n in after if not any(e.src in inside_after for e in self._editor.data_in(n))]

@@ -36,7 +36,7 @@ class Node:
     outputs: tuple[Port, ...]
     engine: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
-    caps: Capabilities = Capabilities()
+    caps: Capabilities = field(default_factory=Capabilities)
     items: int | None = None
     module: str | None = None
     label: str | None = None

@@ -24,8 +24,14 @@ class PortType(StrEnum):
     BRANCH = "branch"
 
 
+_LISTS = frozenset({PortType.TEXTS, PortType.VECTORS, PortType.DOCS, PortType.HITS, PortType.SCORED, PortType.ITEMS})
+
+
 def compatible(produced: PortType, consumed: PortType) -> bool:
-    return produced == consumed or PortType.ANY in (produced, consumed)
+    """Equal types, `ANY` on either side, or `ITEMS` (a list of anything) against a list type."""
+    if produced == consumed or PortType.ANY in (produced, consumed):
+        return True
+    return PortType.ITEMS in (produced, consumed) and produced in _LISTS and consumed in _LISTS
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ def validate(graph: Graph) -> Graph:
         for end, port, side in ((e.src, e.src_port, "output"), (e.dst, e.dst_port, "input")):
             node = graph.nodes.get(end)
             if node is None:
-                raise GraphError(f"{where}: edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node {end!r}")
+                raise GraphError(
+                    f"{where}: edge {e.src}.{e.src_port} -> {e.dst}.{e.dst_port} names unknown node {end!r}"
+                )
             found = node.output_port(port) if side == "output" else node.input_port(port)
             if found is None:
                 raise GraphError(f"{where}: node {node.describe()} has no {side} port {port!r}")

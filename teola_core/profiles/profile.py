@@ -76,7 +76,9 @@ class LatencyProfile:
         try:
             return self.curves[op]
         except KeyError:
-            raise KeyError(f"profile of engine {self.engine!r} has no curve {op!r} (has {sorted(self.curves)})") from None
+            raise KeyError(
+                f"profile of engine {self.engine!r} has no curve {op!r} (has {sorted(self.curves)})"
+            ) from None
 
     def latency(self, op: str, x: float) -> float:
         return self.curve(op).latency(x)

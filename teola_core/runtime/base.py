@@ -42,5 +42,5 @@ class Runtime(ABC):
     def add_hook(self, hook: RuntimeHook) -> None:
         """Observe every primitive's span."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Stop background work. Default: nothing to stop."""

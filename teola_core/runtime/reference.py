@@ -17,9 +17,7 @@ from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
 from teola_core.ops import decode_chunk, gather_inputs, run_inline, run_user
 
 
-async def evaluate(
-    graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, query_id: str = "q0"
-) -> dict[str, Any]:
+async def evaluate(graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, query_id: str = "q0") -> dict[str, Any]:
     values: dict[tuple[str, str], Any] = {}
     skipped: set[str] = set()
     chosen: dict[str, int] = {}

@@ -1,0 +1,140 @@
+"""Shared pieces of the benchmark workloads: synthetic corpora, prompts, the fake model.
+
+The text is synthetic but shaped like the paper's datasets: chunks of about a hundred
+tokens (words), short questions, short answers. Everything is a deterministic function
+of the query's index, so every system in a run sees the same inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from teola_core.ir.types import Document, Scored
+
+_VOCAB = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "energy",
+    "river",
+    "market",
+    "policy",
+    "network",
+    "signal",
+    "model",
+    "memory",
+    "vector",
+    "index",
+    "graph",
+    "engine",
+    "query",
+    "answer",
+    "token",
+    "prompt",
+    "cache",
+    "batch",
+    "latency",
+    "stage",
+    "search",
+    "rank",
+    "scale",
+    "cloud",
+    "storage",
+    "compute",
+    "budget",
+    "region",
+    "planet",
+    "ocean",
+    "forest",
+    "climate",
+    "music",
+    "history",
+    "science",
+    "language",
+    "theory",
+    "method",
+    "result",
+    "value",
+    "system",
+    "design",
+    "protocol",
+    "server",
+    "client",
+    "kernel",
+    "thread",
+    "process",
+]
+
+EXPAND_MARKER = "Write {n} search queries, one per line, for the question below."
+CONTEXT_MARKER = "Situate the chunk below within the whole document in one short sentence."
+ANSWER_INSTRUCTION = (
+    "You are a careful assistant. Answer the question using only the context passages. "
+    "Cite the passages you use and keep the answer short and precise. "
+)
+
+
+def words(seed: str, n: int) -> list[str]:
+    rng = random.Random(hashlib.sha256(seed.encode()).digest())
+    return [rng.choice(_VOCAB) for _ in range(n)]
+
+
+def make_chunks(doc_id: str, n_chunks: int, tokens_per_chunk: int) -> list[str]:
+    return [" ".join(words(f"{doc_id}/{i}", tokens_per_chunk)) for i in range(n_chunks)]
+
+
+def make_question(doc_id: str, tokens: int = 14) -> str:
+    return " ".join(words(f"{doc_id}/question", tokens)) + " ?"
+
+
+def docs_to_context(docs: Sequence[Any]) -> str:
+    """Render retrieved documents (or scored documents) as the prompt's context block."""
+    texts = [d.doc.text if isinstance(d, Scored) else d.text for d in docs]
+    return "\n".join(f"[{i + 1}] {t}" for i, t in enumerate(texts))
+
+
+def flatten_unique(hits: list[list[Document]]) -> list[Document]:
+    """Merge several queries' hits, first occurrence wins (order kept)."""
+    seen: set[str] = set()
+    merged: list[Document] = []
+    for per_query in hits:
+        for doc in per_query:
+            if doc.id not in seen:
+                seen.add(doc.id)
+                merged.append(doc)
+    return merged
+
+
+def single(question: str) -> list[str]:
+    return [question]
+
+
+def first_hits(hits: list[list[Document]]) -> list[Document]:
+    return hits[0]
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    """The simulated LLM's text: a deterministic function of the prompt.
+
+    It follows the workloads' instructions: `n` lines for a query-expansion prompt, one
+    short sentence for a chunk-context prompt, an answer of `answer_tokens` words
+    otherwise. The simulated engine charges time by the tokens of what this returns.
+    """
+
+    answer_tokens: int = 48
+    query_tokens: int = 12
+    context_tokens: int = 24
+
+    def __call__(self, prompt: str, max_tokens: int) -> str:
+        if prompt.startswith(EXPAND_MARKER.split("{n}")[0]):
+            n = int(prompt.split()[1])
+            lines = [" ".join(words(f"{prompt}/{i}", self.query_tokens)) for i in range(n)]
+            return "\n".join(lines)
+        if prompt.startswith(CONTEXT_MARKER):
+            return " ".join(words(prompt, min(self.context_tokens, max_tokens)))
+        return " ".join(words(prompt, min(self.answer_tokens, max_tokens)))
