@@ -75,10 +75,14 @@ class Node:
 
 @dataclass(frozen=True)
 class ItemSlice:
-    """Select items [start, stop) of a list value travelling along an edge."""
+    """Select items [start, stop) of a list value travelling along an edge.
+
+    `stop=None` means "to the end": the last stage of a split takes every remaining
+    item, so a split stays exact when the run-time count exceeds the build-time estimate.
+    """
 
     start: int
-    stop: int
+    stop: int | None
 
     def apply(self, value: Any) -> Any:
         return value[self.start : self.stop]

@@ -67,7 +67,10 @@ def validate(graph: Graph) -> Graph:
         if needed and needed not in node.config:
             raise GraphError(f"{where}: {node.kind.value} node {node_id!r} has no {needed!r} in its config")
         if node.kind == PrimitiveKind.FORMAT:
-            template_vars = set(node.config["template"].variables)
+            template = node.config["template"]
+            if node.config.get("prefix_segments") is not None:  # a prefix format (prefill split)
+                template = template.prefix(node.config["prefix_segments"])
+            template_vars = set(template.variables)
             ports = {p.name for p in node.inputs}
             if template_vars != ports:
                 raise GraphError(

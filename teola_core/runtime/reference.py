@@ -66,8 +66,9 @@ async def evaluate(graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, 
 
 
 def _skipped(graph: Graph, node_id: str, skipped: set[str], chosen: dict[str, int]) -> bool:
+    # Only guards skip: a plain order edge from a skipped node just means "after".
     for c in graph.control_in(node_id):
-        if c.src in skipped or (c.branch is not None and chosen.get(c.src) != c.branch):
+        if c.branch is not None and (c.src in skipped or chosen.get(c.src) != c.branch):
             return True
     node = graph.nodes[node_id]
     optional = {p.name for p in node.inputs if p.optional}

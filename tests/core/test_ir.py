@@ -167,3 +167,26 @@ def test_missing_query_input_names_the_field() -> None:
     g = _two_modules()
     with pytest.raises(GraphError, match="query input 'q' is missing"):
         asyncio.run(evaluate(g, {}, EngineSet()))
+
+
+def test_a_module_chained_after_a_branch_still_runs() -> None:
+    """Order edges from an untaken branch order; they do not skip the next module."""
+    from teola_core.passes import PassManager
+
+    b = GraphBuilder("route")
+    x = b.input("x")
+    with b.module("route"):
+        cond = b.condition(x, lambda v: 0 if v == "a" else 1, branches=2)
+        with b.branch(cond, 0):
+            left = b.call(lambda x: f"zero:{x}", {"x": x}, name="left", inline=True)
+        with b.branch(cond, 1):
+            right = b.call(lambda x: f"one:{x}", {"x": x}, name="right", inline=True)
+    with b.module("next"):
+        joined = b.aggregate([left, right], MergeMode.SELECT)
+        z = b.call(lambda x: x.upper(), {"x": joined}, name="z", inline=True)
+    b.output(z=z)
+    p_graph = b.build()
+    e_graph = PassManager().optimize(p_graph).e_graph
+    for value, expected in (("a", "ZERO:A"), ("b", "ONE:B")):
+        assert asyncio.run(evaluate(p_graph, {"x": value}, EngineSet())) == {"z": expected}
+        assert asyncio.run(evaluate(e_graph, {"x": value}, EngineSet())) == {"z": expected}

@@ -1,0 +1,49 @@
+"""What the real LLM engines share: decode outputs and sampling settings from node config.
+
+Both the llama.cpp and the vLLM HTTP engine return a DECODE's `text` (+ `items` parsed
+by the node's split unit when the node declares that port) and a PARTIAL_DECODE's chunk
+of items, exactly as the simulated LLM does, so graphs run unchanged on any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import Node
+from teola_core.ops import decode_chunk
+
+PREFILLS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
+DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
+LLM_KINDS = PREFILLS | DECODES
+
+
+def decode_outputs(node: Node, text: str) -> dict[str, Any]:
+    """A decode node's outputs for its generated text."""
+    if node.kind == PrimitiveKind.DECODE:
+        outputs: dict[str, Any] = {"text": text}
+        if node.output_port("items") is not None:
+            outputs["items"] = node.config["split_unit"].parse(text)
+        return outputs
+    items = decode_chunk(node.config["split_unit"].parse(text), node.config["index"], node.config["count"])
+    outputs = {"items": items}
+    if node.output_port("text") is not None:
+        outputs["text"] = text
+    return outputs
+
+
+def prompt_text(value: Any, port: str, engine: str) -> str:
+    """Prompts are text; say which port held something else."""
+    if not isinstance(value, str):
+        raise TypeError(f"{engine} takes text prompts; input {port!r} is {type(value).__name__}")
+    return value
+
+
+def stop_list(config: Any) -> list[str]:
+    """The node's `stop` config as a list of strings (absent: none)."""
+    stop = config.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    return [str(s) for s in stop]

@@ -1,0 +1,143 @@
+"""Prefill split: prefill the part of a prompt that is ready while upstream work runs.
+
+A prompt such as "instructions {question} context: {context}" has its leading part
+ready long before retrieval produces `context`. The pass estimates when each template
+variable becomes available (the longest path, in profiled latency, from the graph's
+inputs to the variable's producer) and prefills early the longest *prefix* of the
+template whose variables are all ready strictly before the latest one. Causal attention
+allows only a prefix: the prompt is never reordered.
+
+    format(t) -> prefill -> decode            becomes
+    format/prefix(t, prefix_segments=k) -> prefill/partial ┐
+    format(t) ------------------------------------------> prefill (full_prefill) -> decode
+
+The full prefill keeps the original id, so its consumers need no rewiring.
+
+Latency estimate of a node: `profile.latency(op, items or 1)` for engine primitives
+whose engine has a profile with that op (partial/full prefills use the `prefill`
+curve, partial decodes the `decode` curve); a decode is charged one step per
+`max_tokens`, as the `decode` curve is the latency of one step. Everything else
+(inline, user code, engines without a profile) costs 0; graph inputs are ready at 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from teola_core.ir.graph import Graph, GraphEditor
+from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
+from teola_core.ir.node import ControlEdge, DataEdge, Node
+from teola_core.passes.base import Pass, PassContext
+
+_OP = {
+    PrimitiveKind.PARTIAL_PREFILL: PrimitiveKind.PREFILL.value,
+    PrimitiveKind.FULL_PREFILL: PrimitiveKind.PREFILL.value,
+    PrimitiveKind.PARTIAL_DECODE: PrimitiveKind.DECODE.value,
+}
+_DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
+
+
+def estimated_latency(node: Node, ctx: PassContext) -> float:
+    """Seconds the node is expected to run alone (0 when nothing is known about it)."""
+    if spec_of(node.kind).placement != Placement.ENGINE or node.engine is None:
+        return 0.0
+    profile = ctx.profiles.get(node.engine)
+    op = _OP.get(node.kind, node.kind.value)
+    if profile is None or op not in profile.curves:
+        return 0.0
+    seconds = profile.latency(op, node.items or 1)
+    if node.kind in _DECODES:
+        seconds *= max(1, int(node.config.get("max_tokens", 1)))
+    return seconds
+
+
+def finish_times(graph: Graph, ctx: PassContext) -> dict[str, float]:
+    """Estimated time each node's outputs are ready: the longest path from the inputs."""
+    finish: dict[str, float] = {}
+    for node_id in graph.topological_order:
+        start = max((finish[p] for p in graph.predecessors(node_id)), default=0.0)
+        finish[node_id] = start + estimated_latency(graph.nodes[node_id], ctx)
+    return finish
+
+
+class PrefillSplit(Pass):
+    name = "prefill-split"
+
+    def run(self, graph: Graph, ctx: PassContext) -> Graph:
+        finish: dict[str, float] | None = None
+        editor: GraphEditor | None = None
+        for node_id in graph.topological_order:
+            prefill = graph.nodes[node_id]
+            if prefill.kind != PrimitiveKind.PREFILL:
+                continue
+            prompt_edge = next((e for e in graph.data_in(node_id) if e.dst_port == "prompt"), None)
+            if prompt_edge is None or prompt_edge.select is not None:
+                continue
+            fmt = graph.nodes[prompt_edge.src]
+            if fmt.kind != PrimitiveKind.FORMAT or fmt.config.get("prefix_segments") is not None:
+                continue
+            finish = finish if finish is not None else finish_times(graph, ctx)
+            k = self._ready_prefix(graph, fmt, finish)
+            if k is None:
+                continue
+            editor = editor or graph.edit()
+            self._rewrite(graph, editor, prefill, fmt, k)
+        return graph if editor is None else editor.freeze()
+
+    @staticmethod
+    def _ready_prefix(graph: Graph, fmt: Node, finish: dict[str, float]) -> int | None:
+        """How many leading segments are ready before the latest variable (None: no split)."""
+        ready = {e.dst_port: finish[e.src] for e in graph.data_in(fmt.id)}
+        segments = fmt.config["template"].segments
+        if not any(seg.var is not None for seg in segments):
+            return None
+        latest = max(ready.get(seg.var, 0.0) for seg in segments if seg.var is not None)
+        k = 0
+        for seg in segments:
+            if (0.0 if seg.var is None else ready.get(seg.var, 0.0)) >= latest:
+                break
+            k += 1
+        return k if 0 < k < len(segments) else None
+
+    def _rewrite(self, graph: Graph, editor: GraphEditor, prefill: Node, fmt: Node, k: int) -> None:
+        template = fmt.config["template"]
+        prefix_vars = template.prefix(k).variables
+        prefix_fmt = replace(
+            fmt,
+            id=editor.fresh_id(f"{fmt.id}/prefix"),
+            inputs=tuple(p for p in fmt.inputs if p.name in prefix_vars),
+            config={**fmt.config, "prefix_segments": k},
+        )
+        editor.add_node(prefix_fmt)
+        for e in graph.data_in(fmt.id):
+            if e.dst_port in prefix_vars:
+                editor.connect(replace(e, dst=prefix_fmt.id))
+        for c in graph.control_in(fmt.id):
+            editor.connect(replace(c, dst=prefix_fmt.id))
+
+        partial_spec = spec_of(PrimitiveKind.PARTIAL_PREFILL)
+        partial = Node(
+            id=editor.fresh_id(f"{prefill.id}/partial"),
+            kind=PrimitiveKind.PARTIAL_PREFILL,
+            inputs=partial_spec.inputs or (),
+            outputs=partial_spec.outputs or (),
+            engine=prefill.engine,
+            config=prefill.config,
+            caps=prefill.caps,
+            items=prefill.items,
+            module=prefill.module,
+            label=prefill.label,
+        )
+        editor.add_node(partial)
+        editor.connect(DataEdge(prefix_fmt.id, "prompt", partial.id, "prefix"))
+        for c in graph.control_in(prefill.id):
+            editor.connect(ControlEdge(c.src, partial.id, c.branch, c.pinned))
+
+        full_spec = spec_of(PrimitiveKind.FULL_PREFILL)
+        editor.replace_node(replace(prefill, kind=PrimitiveKind.FULL_PREFILL, inputs=full_spec.inputs or ()))
+        editor.connect(DataEdge(partial.id, "kv", prefill.id, "prefix_kv"))
+        late = list(dict.fromkeys(seg.var for seg in template.segments[k:] if seg.var is not None))
+        editor.note(
+            f"{self.name}: {prefill.describe()} prefills the first {k} of {len(template.segments)} prompt "
+            f"segments early (variables {list(prefix_vars)}) via {partial.id}; the rest waits for {late}"
+        )

@@ -1,0 +1,87 @@
+"""Stage decomposition (paper Algorithm 1): cut an oversized batch into pipelined stages.
+
+A batchable, splittable primitive whose `items` exceed its engine's max efficient batch
+(from the engine's latency profile) gains nothing from running as one batch: past that
+size throughput stops growing and the consumers wait for the whole batch. It is cut
+into ceil(items / meb) stages of meb items (the last takes the rest), and the item-wise
+consumers after it are replicated per stage (see `replication.fan_out`), so stage i of
+the consumer runs while stage i+1 of the producer runs. An AGGREGATE joins the stages
+where the chain ends.
+
+    embed(48 chunks, meb 16) -> ingest        becomes
+    embed/s0[0:16] -> ingest/s0 ┐
+    embed/s1[16:32] -> ingest/s1 ├-> ingest/agg (barrier) -> ...
+    embed/s2[32:]  -> ingest/s2 ┘
+
+Decisions: the last stage's slice is open-ended (`ItemSlice(start, None)`), so no item
+is lost when the run-time count exceeds the build-time `items`. A replicated consumer
+whose own max efficient batch is smaller than its stage is cut again (nested stages,
+`search/s0/s1`) within the same run, so the pass is idempotent. LLM kinds are never
+split here (decode pipelining handles decodes).
+"""
+
+from __future__ import annotations
+
+from teola_core.ir.graph import Graph
+from teola_core.ir.kinds import LLM_KINDS
+from teola_core.ir.node import ItemSlice, Node
+from teola_core.passes.base import Pass, PassContext
+from teola_core.passes.replication import compose, fan_out, outputs_mergeable, replicate
+
+
+class StageDecomposition(Pass):
+    name = "stage-decomposition"
+
+    def run(self, graph: Graph, ctx: PassContext) -> Graph:
+        current = graph
+        while (found := self._candidate(current, ctx)) is not None:
+            current = self._split(current, *found)
+        return current
+
+    def _candidate(self, graph: Graph, ctx: PassContext) -> tuple[Node, int] | None:
+        """The first node (topological order) worth splitting, with its engine's meb."""
+        for node_id in graph.topological_order:
+            node = graph.nodes[node_id]
+            caps = node.caps
+            if node.kind in LLM_KINDS or node.items is None:
+                continue
+            if not (caps.batchable and caps.splittable and caps.item_inputs):
+                continue
+            meb = ctx.max_efficient_batch(node.engine, node.kind.value)
+            if meb is None:
+                continue
+            meb = max(1, meb)
+            if node.items <= meb:
+                continue
+            if not outputs_mergeable(node, {e.src_port for e in graph.data_out(node_id)}):
+                continue
+            probe = ItemSlice(0, meb)
+            if any(e.dst_port in caps.item_inputs and compose(e.select, probe) is None for e in graph.data_in(node_id)):
+                continue  # negative slices on its inputs: stage bounds cannot be stated
+            return node, meb
+        return None
+
+    def _split(self, graph: Graph, node: Node, meb: int) -> Graph:
+        assert node.items is not None
+        n = -(-node.items // meb)
+        ranges = [ItemSlice(i * meb, (i + 1) * meb if i < n - 1 else None) for i in range(n)]
+        counts: list[int | None] = [min(meb, node.items - i * meb) for i in range(n)]
+        editor = graph.edit()
+        parts = replicate(editor, node, family={}, ranges=ranges, part_items=counts, suffix="s")
+        done = fan_out(
+            editor,
+            graph.topological_order,
+            node,
+            parts,
+            ranges=ranges,
+            part_items=counts,
+            suffix="s",
+            total_items=node.items,
+        )
+        chain = "".join(f", {orig} x{len(p)}" for orig, p in done.replicated.items())
+        joined = f"; joined by {', '.join(done.aggregates)}" if done.aggregates else ""
+        editor.note(
+            f"{self.name}: split {node.describe()} ({node.items} items, max efficient batch {meb}) "
+            f"into {n} stages{chain}{joined}"
+        )
+        return editor.freeze()

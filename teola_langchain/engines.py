@@ -1,0 +1,179 @@
+"""The user's own LangChain components, run as Teola engines.
+
+By default an optimized chain runs on what the user built: the chat model or LLM, the
+embeddings and the vector store of the original chain. Each component object gets one
+engine (by identity), so every step and every query that uses it shares its engine
+scheduler, which is what lets calls from concurrent queries batch.
+
+- `LangChainLLMEngine`: prefill records the prompt (a LangChain model has no prefill
+  API, so partial and full prefill are bookkeeping); decode calls the step's runnable —
+  the model, or the `RunnableBinding` around it — with `ainvoke(prompt, config)`, the
+  query's config merged with the bindings' as LangChain merges them; a streamed decode
+  (decode pipelining) uses `astream` and yields the chunks' text.
+- `LangChainEmbeddingEngine`: `aembed_query` per text, or one `aembed_documents` for a
+  whole batch when `retrievers.batchable_embeddings` proves it equal.
+- `LangChainVectorStoreEngine`: `asimilarity_search_by_vector(v, **search_kwargs)` per
+  vector.
+
+Every engine returns one result per call; an exception fails that call only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseLanguageModel
+from langchain_core.messages import BaseMessage
+from langchain_core.vectorstores import VectorStore
+
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.types import KVHandle
+from teola_langchain.context import ContextRegistry
+from teola_langchain.parsers import ParserItems, output_text
+from teola_langchain.retrievers import batchable_embeddings
+
+_LLM_KINDS = frozenset(
+    {
+        PrimitiveKind.PREFILL,
+        PrimitiveKind.PARTIAL_PREFILL,
+        PrimitiveKind.FULL_PREFILL,
+        PrimitiveKind.DECODE,
+        PrimitiveKind.PARTIAL_DECODE,
+    }
+)
+
+
+class LangChainLLMEngine(Engine):
+    """A LangChain chat model or LLM (see the module docstring)."""
+
+    kinds = _LLM_KINDS
+    limits = EngineLimits(concurrency=64)
+
+    def __init__(self, name: str, model: BaseLanguageModel[Any], contexts: ContextRegistry) -> None:
+        self.name = name
+        self.model = model
+        self._contexts = contexts
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        kind = call.node.kind
+        if kind == PrimitiveKind.PREFILL:
+            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
+        if kind == PrimitiveKind.PARTIAL_PREFILL:
+            return {"kv": KVHandle(self.name, call.inputs["prefix"])}
+        if kind == PrimitiveKind.FULL_PREFILL:
+            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
+        if kind == PrimitiveKind.DECODE:
+            output = await self._runnable(call).ainvoke(self._prompt(call), self._config(call))
+            outputs: dict[str, Any] = {"text": output}
+            unit = call.node.config.get("split_unit")
+            if unit is not None:
+                outputs["items"] = unit.parse_output(output) if isinstance(unit, ParserItems) else unit.parse(output)
+            return outputs
+        raise TypeError(f"{self.name} cannot run {call.node.describe()}")
+
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        async for chunk in self._runnable(call).astream(self._prompt(call), self._config(call)):
+            yield output_text(chunk) if isinstance(chunk, BaseMessage) else chunk
+
+    def _runnable(self, call: Call) -> Any:
+        return call.node.config.get("runnable", self.model)
+
+    def _prompt(self, call: Call) -> Any:
+        kv = call.inputs["kv"]
+        if not isinstance(kv, KVHandle) or kv.engine != self.name:
+            raise TypeError(f"{call.node.describe()} got KV state {kv!r}, not one of {self.name}")
+        return kv.prompt
+
+    def _config(self, call: Call) -> Any:
+        return self._contexts[call.query_id].step_config(call.node.config.get("bound_config", ()))
+
+
+class LangChainEmbeddingEngine(Engine):
+    """A LangChain `Embeddings` object (see the module docstring)."""
+
+    kinds = frozenset({PrimitiveKind.EMBED})
+    limits = EngineLimits(concurrency=16)
+
+    def __init__(self, name: str, embeddings: Embeddings) -> None:
+        self.name = name
+        self.embeddings = embeddings
+        self.batches_queries = batchable_embeddings(embeddings)
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        texts = [list(c.inputs["texts"]) for c in calls]
+        if self.batches_queries:
+            flat = [t for ts in texts for t in ts]
+            try:
+                vectors = await self.embeddings.aembed_documents(flat) if flat else []
+            except Exception as exc:
+                return [exc for _ in calls]
+            results: list[CallResult] = []
+            start = 0
+            for ts in texts:
+                results.append({"vectors": vectors[start : start + len(ts)]})
+                start += len(ts)
+            return results
+        return list(await asyncio.gather(*(self._queries(ts) for ts in texts), return_exceptions=True))
+
+    async def _queries(self, texts: list[str]) -> dict[str, Any]:
+        vectors = await asyncio.gather(*(self.embeddings.aembed_query(t) for t in texts))
+        return {"vectors": list(vectors)}
+
+
+class LangChainVectorStoreEngine(Engine):
+    """A LangChain `VectorStore`: similarity search by vector (see the module docstring)."""
+
+    kinds = frozenset({PrimitiveKind.SEARCH})
+    limits = EngineLimits(concurrency=16)
+
+    def __init__(self, name: str, store: VectorStore) -> None:
+        self.name = name
+        self.store = store
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        kwargs = dict(call.node.config.get("search_kwargs", {}))
+        hits = await asyncio.gather(
+            *(self.store.asimilarity_search_by_vector(v, **kwargs) for v in call.inputs["vectors"])
+        )
+        return {"hits": list(hits)}
+
+
+class EngineRegistry:
+    """One engine per component object, named after its class; builds the `EngineSet`."""
+
+    def __init__(self, contexts: ContextRegistry) -> None:
+        self.contexts = contexts
+        self.engines = EngineSet()
+        self._by_id: dict[int, tuple[object, str]] = {}
+
+    def llm(self, model: BaseLanguageModel[Any]) -> str:
+        return self._get(model, "llm", lambda name: LangChainLLMEngine(name, model, self.contexts))
+
+    def embeddings(self, embeddings: Embeddings) -> str:
+        return self._get(embeddings, "embed", lambda name: LangChainEmbeddingEngine(name, embeddings))
+
+    def vectorstore(self, store: VectorStore) -> str:
+        return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
+
+    def _get(self, component: object, prefix: str, make: Any) -> str:
+        known = self._by_id.get(id(component))
+        if known is not None and known[0] is component:
+            return known[1]
+        base = f"{prefix}:{type(component).__name__}"
+        name, n = base, 1
+        while name in self.engines:
+            n += 1
+            name = f"{base}#{n}"
+        self.engines.add(make(name), name)
+        self._by_id[id(component)] = (component, name)
+        return name

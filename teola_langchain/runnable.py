@@ -1,0 +1,360 @@
+"""`optimize(chain)`: a drop-in LangChain `Runnable` that runs the chain as Teola graphs.
+
+    from teola import optimize
+    fast = optimize(chain)                    # traced once, here; nothing runs yet
+    fast.invoke({"question": "..."})          # same result as chain.invoke
+    await fast.abatch(questions, {"max_concurrency": 8})
+    print(fast.explain())                     # p-graph, passes, e-graph, Mermaid
+
+What a call does: it opens one callback run for the chain (as the chain itself would,
+with its name, tags and metadata), runs the traced graph on the runtime backend with
+the run's child config handed to every user step and model call, and returns the
+graph's output. `batch`/`abatch` run every input as a concurrent query on one runtime
+(so the engine schedulers can batch across them), at most `max_concurrency` at a time;
+an input that fails does not stop the others, and errors are returned or raised as
+LangChain does (`return_exceptions`). `stream`/`astream` run the steps before the
+chain's streaming tail as a graph and stream the tail with LangChain itself (see
+`models.streaming_split`), so the chunks are LangChain's; a chain without such a tail
+streams its whole output as one chunk, as LangChain does for such chains.
+
+Exceptions raised by a user's step reach the caller as that very exception (Teola's
+`PrimitiveError` is unwrapped), with a note naming the primitive and step.
+
+Not traced, delegated to the original chain: calls with extra `**kwargs` (LangChain
+passes them to the first step only). Sync methods run the graph on an event loop the
+runnable owns in a daemon thread (one per runnable, started on first use; `close()`
+stops it); async methods run on the caller's loop. There is no global state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, cast
+from uuid import uuid4
+
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.base import Input, Output, coerce_to_runnable
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    get_callback_manager_for_config,
+    get_config_list,
+    patch_config,
+)
+from langchain_core.runnables.graph import Graph as LCGraph
+
+from teola_core.runtime.base import Runtime
+from teola_langchain.context import ContextRegistry, QueryContext
+from teola_langchain.engines import EngineRegistry
+from teola_langchain.explain import mermaid, section
+from teola_langchain.models import streaming_split
+from teola_langchain.runtime import BACKENDS, DEFAULT_BACKEND, LoopThread, make_runtime
+from teola_langchain.steps import run_graph
+from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
+
+
+class TeolaRunnable(Runnable[Input, Output]):
+    """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
+
+    Options: backend ("reference" or "local"), policy (the local runtime's engine
+    scheduling policy), passes (True: the default pass pipeline; False: none; or a
+    `teola_core.passes.PassManager`), warn (warn once per step that stays opaque).
+    """
+
+    def __init__(
+        self,
+        runnable: Runnable[Input, Output] | Any,
+        *,
+        backend: str = DEFAULT_BACKEND,
+        policy: str = "topology",
+        passes: Any = True,
+        warn: bool = True,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+        original = cast("Runnable[Input, Output]", coerce_to_runnable(runnable))
+        self.original = original
+        self.name = original.get_name()
+        self.backend = backend
+        self.policy = policy
+        self._contexts = ContextRegistry()
+        self._engines = EngineRegistry(self._contexts)
+        session = TraceSession(self._engines, warn=warn)
+        self.plan: TracedChain = session.trace(original)
+        self.stream_head: TracedChain | None = None
+        self._tail: Runnable[Any, Any] | None = None
+        split = streaming_split(original)
+        if split is not None:
+            head, self._tail = split
+            if head is not None:
+                self.stream_head = session.trace(head, name=f"{self.name}:stream-head")
+        for sub in self._graphs():
+            _optimize_graph(sub, passes, self._engines)
+        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
+        self._runtimes_lock = threading.Lock()
+        self._thread = LoopThread(f"teola:{self.name}")
+        self._finalizer = weakref.finalize(self, self._thread.close)
+
+    # -- structure -------------------------------------------------------------------
+    @property
+    def InputType(self) -> Any:
+        return self.original.InputType
+
+    @property
+    def OutputType(self) -> Any:
+        return self.original.OutputType
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
+        return self.original.get_input_schema(config)
+
+    def get_output_schema(self, config: RunnableConfig | None = None) -> Any:
+        return self.original.get_output_schema(config)
+
+    @property
+    def config_specs(self) -> Any:
+        return self.original.config_specs
+
+    def get_graph(self, config: RunnableConfig | None = None) -> LCGraph:
+        """The original chain's graph (what the user wrote); `explain()` shows Teola's."""
+        return self.original.get_graph(config)
+
+    def explain(self) -> str:
+        """The p-graph, the passes applied and the e-graph of every traced graph, with Mermaid."""
+        out = [f"Teola plan for {self.name} (backend {self.backend}, policy {self.policy})\n"]
+        if self.plan.opaque:
+            out.append(section("opaque steps (run as one call each)", "\n".join(f"- {o}" for o in self.plan.opaque)))
+        streaming = (
+            "the whole chain streams through LangChain (it starts with its model)"
+            if self._tail is not None and self.stream_head is None
+            else f"graph {self.stream_head.main.name!r}, then LangChain streams {self._tail.get_name()}"
+            if self._tail is not None and self.stream_head is not None
+            else "no streaming tail: stream() yields the whole output as one chunk"
+        )
+        out.append(section("stream", streaming))
+        for sub in self._graphs():
+            out.append(section(f"p-graph {sub.name}", sub.pgraph.summary()))
+            out.append(section(f"passes applied to {sub.name}", "\n".join(f"- {p}" for p in sub.passes) or "- none"))
+            out.append(section(f"e-graph {sub.name}", sub.graph.summary()))
+            out.append(section(f"mermaid {sub.name}", mermaid(sub.graph)))
+        return "\n".join(out)
+
+    def _graphs(self) -> list[SubGraph]:
+        graphs = self.plan.graphs()
+        if self.stream_head is not None:
+            graphs += self.stream_head.graphs()
+        return graphs
+
+    def close(self) -> None:
+        """Stop the event-loop thread of the sync methods (it restarts if used again)."""
+        self._thread.close()
+
+    # -- execution -------------------------------------------------------------------
+    def _runtime(self) -> Runtime:
+        loop = asyncio.get_running_loop()
+        with self._runtimes_lock:
+            runtime = self._runtimes.get(loop)
+            if runtime is None:
+                runtime = make_runtime(self._engines.engines, self.backend, self.policy)
+                self._runtimes[loop] = runtime
+            return runtime
+
+    async def _execute(self, graph: SubGraph, value: Any, config: RunnableConfig, sync: bool) -> Any:
+        ctx = QueryContext(uuid4().hex, config, sync, self._runtime(), self._contexts)
+        return await run_graph(graph, value, ctx)
+
+    async def _gather(
+        self, inputs: Sequence[Any], configs: Sequence[RunnableConfig], limit: int | None, sync: bool
+    ) -> list[Any]:
+        semaphore = asyncio.Semaphore(limit) if limit else None
+
+        async def one(value: Any, config: RunnableConfig) -> Any:
+            if semaphore is None:
+                return await self._execute(self.plan.main, value, config, sync)
+            async with semaphore:
+                return await self._execute(self.plan.main, value, config, sync)
+
+        return list(
+            await asyncio.gather(*(one(v, c) for v, c in zip(inputs, configs, strict=True)), return_exceptions=True)
+        )
+
+    # -- invoke ----------------------------------------------------------------------
+    def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
+        if kwargs:
+            return self.original.invoke(input, config, **kwargs)
+        return self._call_with_config(self._invoke, input, config)
+
+    def _invoke(self, value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> Any:
+        child = patch_config(config, callbacks=run_manager.get_child())
+        return self._thread.run(self._execute(self.plan.main, value, child, sync=True))
+
+    async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
+        if kwargs:
+            return await self.original.ainvoke(input, config, **kwargs)
+        return await self._acall_with_config(self._ainvoke, input, config)
+
+    async def _ainvoke(self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig) -> Any:
+        child = patch_config(config, callbacks=run_manager.get_child())
+        return await self._execute(self.plan.main, value, child, sync=False)
+
+    # -- batch -----------------------------------------------------------------------
+    def batch(
+        self,
+        inputs: list[Input],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Output]:
+        if not inputs:
+            return []
+        if kwargs:
+            return self.original.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        configs = get_config_list(config, len(inputs))
+        runs = []
+        for value, c in zip(inputs, configs, strict=True):
+            manager = get_callback_manager_for_config(c)
+            runs.append(
+                manager.on_chain_start(
+                    None, value, name=c.get("run_name") or self.get_name(), run_id=c.pop("run_id", None)
+                )
+            )
+        children = [patch_config(c, callbacks=rm.get_child()) for c, rm in zip(configs, runs, strict=True)]
+        results = self._thread.run(self._gather(inputs, children, configs[0].get("max_concurrency"), sync=True))
+        for rm, result in zip(runs, results, strict=True):
+            if isinstance(result, BaseException):
+                rm.on_chain_error(result)
+            else:
+                rm.on_chain_end(result)
+        return _batch_results(results, return_exceptions)
+
+    async def abatch(
+        self,
+        inputs: list[Input],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Output]:
+        if not inputs:
+            return []
+        if kwargs:
+            return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        configs = get_config_list(config, len(inputs))
+        runs = []
+        for value, c in zip(inputs, configs, strict=True):
+            manager = get_async_callback_manager_for_config(c)
+            runs.append(
+                await manager.on_chain_start(
+                    None, value, name=c.get("run_name") or self.get_name(), run_id=c.pop("run_id", None)
+                )
+            )
+        children = [patch_config(c, callbacks=rm.get_child()) for c, rm in zip(configs, runs, strict=True)]
+        results = await self._gather(inputs, children, configs[0].get("max_concurrency"), sync=False)
+        for rm, result in zip(runs, results, strict=True):
+            if isinstance(result, BaseException):
+                await rm.on_chain_error(result)
+            else:
+                await rm.on_chain_end(result)
+        return _batch_results(results, return_exceptions)
+
+    # -- stream ----------------------------------------------------------------------
+    def stream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Output]:
+        if kwargs:
+            yield from self.original.stream(input, config, **kwargs)
+            return
+        if self._tail is None:
+            yield self.invoke(input, config)
+            return
+        config = ensure_config(config)
+        manager = get_callback_manager_for_config(config)
+        rm = manager.on_chain_start(
+            None, input, name=config.get("run_name") or self.get_name(), run_id=config.pop("run_id", None)
+        )
+        child = patch_config(config, callbacks=rm.get_child())
+        final: Any = None
+        started = False
+        try:
+            value = input
+            if self.stream_head is not None:
+                value = self._thread.run(self._execute(self.stream_head.main, input, child, sync=True))
+            for chunk in self._tail.stream(value, child):
+                final, started = _accumulate(final, chunk, started)
+                yield chunk
+        except BaseException as exc:
+            rm.on_chain_error(exc)
+            raise
+        rm.on_chain_end(final)
+
+    async def astream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Output]:
+        if kwargs:
+            async for chunk in self.original.astream(input, config, **kwargs):
+                yield chunk
+            return
+        if self._tail is None:
+            yield await self.ainvoke(input, config)
+            return
+        config = ensure_config(config)
+        manager = get_async_callback_manager_for_config(config)
+        rm = await manager.on_chain_start(
+            None, input, name=config.get("run_name") or self.get_name(), run_id=config.pop("run_id", None)
+        )
+        child = patch_config(config, callbacks=rm.get_child())
+        final: Any = None
+        started = False
+        try:
+            value = input
+            if self.stream_head is not None:
+                value = await self._execute(self.stream_head.main, input, child, sync=False)
+            async for chunk in self._tail.astream(value, child):
+                final, started = _accumulate(final, chunk, started)
+                yield chunk
+        except BaseException as exc:
+            await rm.on_chain_error(exc)
+            raise
+        await rm.on_chain_end(final)
+
+
+def _accumulate(final: Any, chunk: Any, started: bool) -> tuple[Any, bool]:
+    """The run's output so far, added up as LangChain adds stream chunks."""
+    if not started:
+        return chunk, True
+    try:
+        return final + chunk, True
+    except TypeError:
+        return chunk, True
+
+
+def _batch_results(results: list[Any], return_exceptions: bool) -> list[Any]:
+    """LangChain's batch contract: errors in place, or the first one raised."""
+    for result in results:
+        if isinstance(result, BaseException) and (not return_exceptions or not isinstance(result, Exception)):
+            raise result
+    return results
+
+
+def _optimize_graph(sub: SubGraph, passes: Any, engines: EngineRegistry) -> None:
+    """Run the pass pipeline on one traced graph (when the core's pass manager is there)."""
+    if passes is False:
+        sub.passes = ["(passes disabled)"]
+        return
+    try:
+        from teola_core.passes import PassContext, PassManager
+    except ImportError:
+        sub.passes = ["(no pass manager in this teola_core: the e-graph is the p-graph)"]
+        return
+    manager = passes if isinstance(passes, PassManager) else PassManager()
+    result = manager.optimize(sub.pgraph, PassContext(profiles=engines.engines.profiles()))
+    sub.graph = result.e_graph
+    sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]
+
+
+def optimize(runnable: Runnable[Any, Any] | Any, **options: Any) -> TeolaRunnable[Any, Any]:
+    """Trace `runnable` (any LangChain runnable, or a dict of them) and return its drop-in.
+
+    Options: see `TeolaRunnable`.
+    """
+    return TeolaRunnable(runnable, **options)

@@ -1,0 +1,197 @@
+"""Engine scheduler and policies: events in, exact batches out (no engines, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
+from teola_core.ir.node import Node
+from teola_core.ir.types import PortType
+from teola_core.scheduler.engine_scheduler import EngineScheduler
+from teola_core.scheduler.events import (
+    BatchFinished,
+    Dispatch,
+    NodeReady,
+    QueryCancelRequested,
+    RunBatch,
+    SchedulerError,
+)
+from teola_core.scheduler.policies import POLICIES, make_policy
+
+_EMBED = spec_of(PrimitiveKind.EMBED)
+
+
+def _node(node_id: str, *, batchable: bool = True) -> Node:
+    caps = _EMBED.caps if batchable else _EMBED.caps.narrowed(batchable=False)
+    return Node(node_id, PrimitiveKind.EMBED, _EMBED.inputs or (), _EMBED.outputs or (), engine="emb", caps=caps)
+
+
+def _ready(
+    qid: str,
+    node_id: str,
+    *,
+    depth: float = 1.0,
+    arrival: float = 0.0,
+    items: int = 1,
+    stream: bool = False,
+    batchable: bool = True,
+) -> NodeReady:
+    return NodeReady(
+        query_id=qid,
+        node=_node(node_id, batchable=batchable),
+        inputs={"texts": ["t"] * items},
+        depth=depth,
+        arrival=arrival,
+        items=items,
+        now=0.0,
+        stream=stream,
+    )
+
+
+def _names(batch: RunBatch) -> list[str]:
+    return [f"{c.query_id}.{c.node.id}" for c in batch.calls]
+
+
+def _drain(es: EngineScheduler, *events: NodeReady) -> list[list[str]]:
+    """Feed events with the engine busy, then let it run batch after batch."""
+    busy = es.handle(_ready("busy", "x"))  # occupy the only slot so everything queues
+    assert len(busy) == 1
+    batches = es.handle(*events)
+    assert batches == []
+    out: list[list[str]] = []
+    finished = busy[0].batch_id
+    while True:
+        [*started] = es.handle(BatchFinished(batch_id=finished, now=0.0))
+        if not started:
+            return out
+        (batch,) = started
+        out.append(_names(batch))
+        finished = batch.batch_id
+
+
+# Three queries; q1 arrived first. Depth = longest path to the output.
+_MIXED = (
+    _ready("q2", "a", depth=1, arrival=2.0),
+    _ready("q1", "a", depth=1, arrival=1.0),
+    _ready("q3", "a", depth=5, arrival=3.0),
+    _ready("q1", "b", depth=3, arrival=1.0),
+    _ready("q2", "b", depth=4, arrival=2.0),
+    _ready("q1", "c", depth=3, arrival=1.0),
+)
+
+
+def test_topology_buckets_by_query_arrival_deepest_first_and_fills_the_max_batch() -> None:
+    es = EngineScheduler("emb", policy="topology", max_batch_items=4)
+    assert _drain(es, *_MIXED) == [["q1.b", "q1.c", "q1.a", "q2.b"], ["q2.a", "q3.a"]]
+
+
+def test_fifo_keeps_arrival_order_of_nodes() -> None:
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=4)
+    assert _drain(es, *_MIXED) == [["q2.a", "q1.a", "q3.a", "q1.b"], ["q2.b", "q1.c"]]
+
+
+def test_po_runs_one_node_per_batch_in_arrival_order() -> None:
+    es = EngineScheduler("emb", policy="po", max_batch_items=4)
+    assert _drain(es, *_MIXED) == [["q2.a"], ["q1.a"], ["q3.a"], ["q1.b"], ["q2.b"], ["q1.c"]]
+
+
+def test_to_fills_its_fixed_max_batch_whatever_the_engine_max() -> None:
+    es = EngineScheduler("emb", policy=make_policy("to", max_batch=5), max_batch_items=2)
+    assert _drain(es, *_MIXED) == [["q2.a", "q1.a", "q3.a", "q1.b", "q2.b"], ["q1.c"]]
+    # Without a fixed size it falls back to the engine scheduler's max batch.
+    es = EngineScheduler("emb", policy="to", max_batch_items=2)
+    assert _drain(es, *_MIXED) == [["q2.a", "q1.a"], ["q3.a", "q1.b"], ["q2.b", "q1.c"]]
+
+
+def test_unbounded_max_batch_takes_everything_pending() -> None:
+    es = EngineScheduler("emb", policy="topology", max_batch_items=None)
+    assert _drain(es, *_MIXED) == [["q1.b", "q1.c", "q1.a", "q2.b", "q2.a", "q3.a"]]
+
+
+def test_batches_count_items_first_fit_and_a_node_larger_than_the_max_runs_alone() -> None:
+    es = EngineScheduler("emb", policy="topology", max_batch_items=8)
+    events = (
+        _ready("q1", "big", depth=9, items=20, arrival=1.0),  # larger than the max: alone
+        _ready("q1", "six", depth=5, items=6, arrival=1.0),
+        _ready("q2", "five", depth=5, items=5, arrival=2.0),  # does not fit after six
+        _ready("q2", "two", depth=1, items=2, arrival=2.0),  # fits: first fit
+        _ready("q3", "one", depth=1, items=1, arrival=3.0),
+    )
+    assert _drain(es, *events) == [["q1.big"], ["q1.six", "q2.two"], ["q2.five", "q3.one"]]
+
+
+def test_streams_and_unbatchable_nodes_run_alone() -> None:
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=8)
+    events = (
+        _ready("q1", "a"),
+        _ready("q1", "stream", stream=True),
+        _ready("q2", "solo", batchable=False),
+        _ready("q2", "b"),
+    )
+    assert _drain(es, *events) == [["q1.a", "q2.b"], ["q1.stream"], ["q2.solo"]]
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=8)
+    [batch] = es.handle(_ready("q1", "stream", stream=True), _ready("q1", "a"))
+    assert batch.stream and _names(batch) == ["q1.stream"]
+
+
+def test_several_events_at_once_share_one_batch() -> None:
+    es = EngineScheduler("emb", policy="topology", max_batch_items=16)
+    [batch] = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q3", "a"))
+    assert batch == RunBatch(engine="emb", batch_id=0, calls=batch.calls)
+    assert _names(batch) == ["q1.a", "q2.a", "q3.a"] and batch.items == 3
+
+
+def test_concurrency_limits_batches_in_flight() -> None:
+    es = EngineScheduler("emb", policy="po", concurrency=2)
+    first = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q3", "a"))
+    assert [(b.batch_id, _names(b)) for b in first] == [(0, ["q1.a"]), (1, ["q2.a"])]
+    assert es.pending == 1 and len(es.running) == 2
+    [third] = es.handle(BatchFinished(batch_id=1, now=1.0))
+    assert (third.batch_id, _names(third)) == (2, ["q3.a"])
+    assert es.handle(BatchFinished(batch_id=0, now=2.0)) == []
+    assert es.pending == 0 and len(es.running) == 1
+
+
+def test_cancel_drops_a_querys_pending_nodes_only() -> None:
+    for policy in POLICIES:
+        es = EngineScheduler("emb", policy=policy, max_batch_items=8)
+        [busy] = es.handle(_ready("busy", "x"))
+        es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q1", "b"))
+        assert es.handle(QueryCancelRequested(query_id="q1", now=1.0)) == []
+        assert es.handle(QueryCancelRequested(query_id="nobody", now=1.0)) == []
+        assert es.pending == 1
+        [batch] = es.handle(BatchFinished(batch_id=busy.batch_id, now=2.0))
+        assert _names(batch) == ["q2.a"], policy
+
+
+def test_topology_bucket_order_survives_a_bucket_emptying_and_refilling() -> None:
+    es = EngineScheduler("emb", policy="topology", max_batch_items=1)
+    [busy] = es.handle(_ready("busy", "x"))
+    es.handle(_ready("q2", "a", arrival=2.0), _ready("q1", "a", arrival=1.0))
+    [b1] = es.handle(BatchFinished(batch_id=busy.batch_id, now=0.0))
+    assert _names(b1) == ["q1.a"]
+    es.handle(_ready("q1", "b", arrival=1.0))  # q1 is back, and still first
+    [b2] = es.handle(BatchFinished(batch_id=b1.batch_id, now=0.0))
+    assert _names(b2) == ["q1.b"]
+
+
+def test_node_ready_from_dispatch_counts_items_like_call_items() -> None:
+    node = _node("e")
+    d = Dispatch(query_id="q", node=node, inputs={"texts": ["a", "b", "c"]}, depth=2.0, arrival=1.0)
+    ready = NodeReady.from_dispatch(d, now=4.0)
+    assert (ready.items, ready.depth, ready.arrival, ready.now, ready.stream) == (3, 2.0, 1.0, 4.0, False)
+    llm = Node("p", PrimitiveKind.PREFILL, (PortSpec("prompt", PortType.PROMPT),), (), "llm", caps=Capabilities(True))
+    prefill = Dispatch(query_id="q", node=llm, inputs={"prompt": "x"}, depth=1, arrival=0)
+    assert NodeReady.from_dispatch(prefill, 0).items == 1
+
+
+def test_errors_name_what_is_wrong() -> None:
+    es = EngineScheduler("emb")
+    with pytest.raises(SchedulerError, match="batch 7 is not running"):
+        es.handle(BatchFinished(batch_id=7, now=0.0))
+    with pytest.raises(ValueError, match=r"unknown scheduling policy 'lifo' \(known: topology, fifo, po, to\)"):
+        make_policy("lifo")
+    with pytest.raises(ValueError, match="only 'to' has a fixed max batch"):
+        make_policy("fifo", max_batch=3)
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        EngineScheduler("emb", concurrency=0)
