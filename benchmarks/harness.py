@@ -13,17 +13,20 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from graphlib import TopologicalSorter
+from itertools import pairwise
 
 from teola_adapters.simulated.paper_profiles import paper_engines
 from teola_benchmarks.stats import summarize
 from teola_benchmarks.systems import SYSTEMS, System
 from teola_benchmarks.workloads import Workload
-from teola_core.runtime.local import LocalRuntime
 
+from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
 from teola_core.runtime.base import PrimitiveSpan
+from teola_core.runtime.local import LocalRuntime
 
 
 @dataclass
@@ -101,7 +104,10 @@ async def critical_path(workload: Workload, time_scale: float, query_index: int 
     """The e-graph's critical-path lower bound for one query, in unscaled seconds.
 
     The query runs alone on Teola's configuration; each primitive's service time (its
-    span from start to end) weighs its node, and the bound is the longest path.
+    span from start to end) weighs its node. Besides the graph's edges, primitives that
+    ran one after another on a single-instance engine are ordered too (stages of one
+    split share the embedder), so the bound respects the engines the run had; it leaves
+    out only waiting and dispatch gaps.
     """
     system = SYSTEMS["teola"]
     engines = paper_engines(time_scale=time_scale, prefix_cache=True, responder=workload.model)
@@ -119,9 +125,26 @@ async def critical_path(workload: Workload, time_scale: float, query_index: int 
     finally:
         await runtime.close()
         await engines.close()
-    service = {s.node.id: s.ended_at - s.started_at for s in spans.spans}
-    depth = graph.depths(lambda node: service.get(node.id, 0.0))
-    return max(depth.values()) / time_scale
+    return longest_path(graph, spans.spans, engines) / time_scale
+
+
+def longest_path(graph: Graph, spans: Sequence[PrimitiveSpan], engines: EngineSet) -> float:
+    """Longest service-time path through the graph plus single-instance engine order."""
+    service = {s.node.id: s.ended_at - s.started_at for s in spans}
+    after: dict[str, set[str]] = {node_id: graph.predecessors(node_id) for node_id in graph.nodes}
+    by_engine: dict[str, list[PrimitiveSpan]] = {}
+    for s in spans:
+        if s.node.engine is not None and engines[s.node.engine].limits.concurrency == 1:
+            by_engine.setdefault(s.node.engine, []).append(s)
+    for runs in by_engine.values():
+        runs.sort(key=lambda s: s.started_at)
+        for first, then in pairwise(runs):
+            if then.started_at >= first.ended_at:
+                after[then.node.id].add(first.node.id)
+    finish: dict[str, float] = {}
+    for node_id in TopologicalSorter(after).static_order():
+        finish[node_id] = service.get(node_id, 0.0) + max((finish[p] for p in after[node_id]), default=0.0)
+    return max(finish.values())
 
 
 async def bench(

@@ -17,17 +17,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from langchain_core.language_models import BaseLanguageModel
+from langchain_core.language_models import BaseLanguageModel, chat_models
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.output_parsers.transform import BaseTransformOutputParser
-from langchain_core.runnables import Runnable, RunnableBinding, RunnableGenerator, RunnableSequence
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import (
+    Runnable,
+    RunnableBinding,
+    RunnableBranch,
+    RunnableGenerator,
+    RunnableLambda,
+    RunnableParallel,
+    RunnablePassthrough,
+    RunnableSequence,
+    RunnableWithFallbacks,
+)
+from langchain_core.runnables.base import RunnableEach
+from langchain_core.runnables.passthrough import RunnableAssign
+
+from teola_langchain.classes import class_of
+from teola_langchain.prompts import PROMPT_TYPES
+
+# `BaseChatModel.bind` returns `_ChatModelBinding`, a `RunnableBinding` that only narrows
+# types ("at runtime this is a plain RunnableBinding"); older cores return RunnableBinding.
+BINDING_TYPES: tuple[type, ...] = tuple(
+    t for t in (RunnableBinding, getattr(chat_models, "_ChatModelBinding", None)) if t is not None
+)
+
+
+def is_binding(step: object) -> bool:
+    """A plain `RunnableBinding` (exact class: retry and other subclasses change behaviour)."""
+    return class_of(step) in BINDING_TYPES
 
 
 def language_model(step: Runnable[Any, Any]) -> BaseLanguageModel[Any] | None:
     """The model behind an LLM step, or None if the step is not one."""
     if isinstance(step, BaseLanguageModel):
         return step
-    if type(step) is RunnableBinding and not step.config_factories and isinstance(step.bound, BaseLanguageModel):
-        return step.bound
+    if is_binding(step) and not step.config_factories and isinstance(step.bound, BaseLanguageModel):  # type: ignore[attr-defined]
+        return step.bound  # type: ignore[attr-defined]
     return None
 
 
@@ -65,3 +93,40 @@ def _join(steps: list[Runnable[Any, Any]]) -> Runnable[Any, Any] | None:
     if len(steps) == 1:
         return steps[0]
     return RunnableSequence(*steps)
+
+
+def streams_as_invoked(step: Runnable[Any, Any]) -> bool:
+    """Whether LangChain's stream of `step`, chunks added up, is provably its invoke output.
+
+    Where it is, Teola may compute that part of a stream as a graph (invoke semantics).
+    LangChain's streaming differs from its invoke in places: `RunnablePick` drops None
+    values, cumulative parsers (JSON) inside a parallel concatenate their partial
+    results, list parsers split items with their own streaming rules, `RunnableRetry`
+    does not retry a stream, generators see chunks instead of one value, and a model's
+    chunks add up to a message *chunk*. Such steps make this False, and the optimized
+    runnable then streams through the original chain.
+    """
+    kind = class_of(step)
+    if kind is RunnableSequence:
+        steps = list(step.steps)
+        for i, s in enumerate(steps):
+            if language_model(s) is not None:
+                if not (i + 1 < len(steps) and class_of(steps[i + 1]) is StrOutputParser):
+                    return False
+            elif not streams_as_invoked(s):
+                return False
+        return True
+    if kind is RunnableParallel:
+        return all(streams_as_invoked(s) for s in step.steps__.values())
+    if kind is RunnableAssign:
+        return streams_as_invoked(step.mapper)
+    if kind is RunnableBranch:
+        parts = [r for pair in step.branches for r in pair] + [step.default]
+        return all(streams_as_invoked(s) for s in parts)
+    if is_binding(step):
+        return not step.config_factories and language_model(step) is None and streams_as_invoked(step.bound)  # type: ignore[attr-defined]
+    if isinstance(step, RunnableWithFallbacks):
+        return all(streams_as_invoked(s) for s in step.runnables)
+    if kind in (RunnablePassthrough, RunnableLambda, RunnableEach, StrOutputParser):
+        return True
+    return kind in PROMPT_TYPES or isinstance(step, BaseRetriever)

@@ -41,6 +41,7 @@ from langchain_core.output_parsers import (
 from langchain_core.outputs import ChatGeneration, Generation
 
 from teola_core.ir.split_units import ItemParser, SplitUnit
+from teola_langchain.classes import class_of
 
 
 class LineListOutputParser(BaseOutputParser[list[str]]):
@@ -70,12 +71,12 @@ _RECOGNISED: tuple[type[BaseOutputParser[Any]], ...] = (StrOutputParser, JsonOut
 
 def is_recognised(step: object) -> bool:
     """A parser whose result Teola can compute inline, exactly."""
-    return type(step) in _RECOGNISED
+    return class_of(step) in _RECOGNISED
 
 
 def returns_list(parser: BaseOutputParser[Any]) -> bool:
     """Its result is always a list (so the decode's items *are* the parser's value)."""
-    return type(parser) in _LIST_PARSERS
+    return class_of(parser) in _LIST_PARSERS
 
 
 def parse_output(parser: BaseOutputParser[Any], output: Any) -> Any:
@@ -107,7 +108,7 @@ class ParserItems(SplitUnit):
         return list(parse_output(self.output_parser, output))
 
     def parser(self) -> ItemParser:
-        kind = type(self.output_parser)
+        kind = class_of(self.output_parser)
         if kind is LineListOutputParser:
             return _StableItems(self, _final_lines)
         if kind in (NumberedListOutputParser, MarkdownListOutputParser):

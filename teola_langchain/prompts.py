@@ -51,6 +51,7 @@ from langchain_core.prompts import (
 
 from teola_core.ir.prompt import PromptTemplate as TeolaTemplate
 from teola_core.ir.prompt import Segment
+from teola_langchain.classes import class_of
 from teola_langchain.values import MISSING
 
 PROMPT_TYPES: tuple[type[BasePromptTemplate[Any]], ...] = (ChatPromptTemplate, PromptTemplate)
@@ -64,7 +65,7 @@ _ROLES: dict[type, str] = {
 
 def is_prompt(step: object) -> bool:
     """Prompt classes whose rendering Teola reproduces exactly (exact class match)."""
-    return type(step) in PROMPT_TYPES
+    return class_of(step) in PROMPT_TYPES
 
 
 @dataclass(frozen=True)
@@ -221,9 +222,9 @@ def describe(prompt: BasePromptTemplate[Any]) -> LangChainPrompt:
 
 
 def _role(message_template: Any) -> str | None:
-    if type(message_template) is ChatMessagePromptTemplate:
+    if class_of(message_template) is ChatMessagePromptTemplate:
         return message_template.role
-    return _ROLES.get(type(message_template))
+    return _ROLES.get(class_of(message_template))
 
 
 def _has_own_partials(message_template: Any) -> bool:
@@ -233,7 +234,7 @@ def _has_own_partials(message_template: Any) -> bool:
 
 def _f_string_segments(template: Any) -> list[Segment] | None:
     """Segments of an f-string `PromptTemplate`, or None when it is anything else."""
-    if type(template) is not PromptTemplate or template.template_format != "f-string":
+    if class_of(template) is not PromptTemplate or template.template_format != "f-string":
         return None
     segments: list[Segment] = []
     try:
@@ -299,4 +300,8 @@ def split_input(variables: tuple[str, ...], sole: str | None) -> Any:
     def split(value: Any) -> dict[str, Any]:
         return prompt_input(value, variables, sole)
 
-    return split
+    def single(value: Any) -> Any:
+        return prompt_input(value, variables, sole)[variables[0]]
+
+    # a call node with one output port returns the value itself, not a mapping
+    return single if len(variables) == 1 else split

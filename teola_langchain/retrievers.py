@@ -28,6 +28,8 @@ from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 
+from teola_langchain.classes import class_of
+
 # InMemoryVectorStore (langchain-core 1.8, vectorstores/in_memory.py):
 #   similarity_search(q, k, **kw) -> similarity_search_with_score(q, k, **kw)
 #     -> similarity_search_with_score_by_vector(embed_query(q), k, **kw)
@@ -67,12 +69,12 @@ class Decomposition:
 
 def decompose(retriever: BaseRetriever) -> Decomposition | str:
     """The EMBED + SEARCH plan for `retriever`, or the reason it must stay opaque."""
-    if type(retriever) is not VectorStoreRetriever:
+    if class_of(retriever) is not VectorStoreRetriever:
         return f"{type(retriever).__name__} is not a plain VectorStoreRetriever"
     if retriever.search_type != "similarity":
         return f"search_type {retriever.search_type!r} (only 'similarity' is decomposed)"
     store = retriever.vectorstore
-    proof = _PROVEN_STORES.get(type(store))
+    proof = _PROVEN_STORES.get(class_of(store))
     if proof is None:
         return f"no equivalence proof for vector store {type(store).__name__}"
     allowed, methods = proof
@@ -92,4 +94,4 @@ def decompose(retriever: BaseRetriever) -> Decomposition | str:
 
 def batchable_embeddings(embeddings: Embeddings) -> bool:
     """`embed_documents` over many queries equals `embed_query` on each (see above)."""
-    return type(embeddings) in _BATCHABLE_EMBEDDINGS
+    return class_of(embeddings) in _BATCHABLE_EMBEDDINGS

@@ -12,10 +12,22 @@ the run's child config handed to every user step and model call, and returns the
 graph's output. `batch`/`abatch` run every input as a concurrent query on one runtime
 (so the engine schedulers can batch across them), at most `max_concurrency` at a time;
 an input that fails does not stop the others, and errors are returned or raised as
-LangChain does (`return_exceptions`). `stream`/`astream` run the steps before the
-chain's streaming tail as a graph and stream the tail with LangChain itself (see
-`models.streaming_split`), so the chunks are LangChain's; a chain without such a tail
-streams its whole output as one chunk, as LangChain does for such chains.
+LangChain does (`return_exceptions`).
+
+`stream`/`astream` run the steps before the chain's streaming tail (its last model
+and the parsers or generators after it) as a graph and stream the tail with LangChain
+itself (`models.streaming_split`), so the chunks are LangChain's. A chain without such
+a tail yields its output as one chunk. Either way only where LangChain's stream of the
+graph part provably adds up to its invoke (`models.streams_as_invoked`); otherwise the
+original chain streams, unoptimized, and `explain()` says so.
+
+Callbacks and modes: the chain's run is reported as the original chain would report it;
+the steps Teola calls as they are (models, lambdas, opaque steps) report their runs as
+its children, with the caller's tags and metadata; what Teola computes itself
+(composition, prompt rendering, recognised parsers, decomposed retrievers) opens no run
+of its own. Sync methods run user steps through their sync `invoke` (in worker
+threads), async methods through `ainvoke`, as LangChain does; models are always called
+with `ainvoke`.
 
 Exceptions raised by a user's step reach the caller as that very exception (Teola's
 `PrimitiveError` is unwrapped), with a note naming the primitive and step.
@@ -31,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 from uuid import uuid4
 
@@ -47,11 +59,12 @@ from langchain_core.runnables.config import (
 )
 from langchain_core.runnables.graph import Graph as LCGraph
 
+from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.base import Runtime
 from teola_langchain.context import ContextRegistry, QueryContext
 from teola_langchain.engines import EngineRegistry
 from teola_langchain.explain import mermaid, section
-from teola_langchain.models import streaming_split
+from teola_langchain.models import streaming_split, streams_as_invoked
 from teola_langchain.runtime import BACKENDS, DEFAULT_BACKEND, LoopThread, make_runtime
 from teola_langchain.steps import run_graph
 from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
@@ -60,9 +73,15 @@ from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
 class TeolaRunnable(Runnable[Input, Output]):
     """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
 
-    Options: backend ("reference" or "local"), policy (the local runtime's engine
-    scheduling policy), passes (True: the default pass pipeline; False: none; or a
-    `teola_core.passes.PassManager`), warn (warn once per step that stays opaque).
+    Options:
+        backend: "reference" (one primitive at a time) or "local" (scheduled, batching).
+        policy: the local runtime's engine scheduling policy ("topology", "fifo", ...).
+        passes: True (the default pipeline), False (none) or a `PassManager`.
+        profiles: latency profiles by engine name ("llm:ChatOpenAI", "embed:...",
+            see `explain()`), so the passes can plan; the user's components have none.
+        expected_items: how many items a model with a list parser is expected to write
+            (enables decode pipelining; results never depend on it).
+        warn: warn once for each step that stays opaque.
     """
 
     def __init__(
@@ -72,6 +91,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         backend: str = DEFAULT_BACKEND,
         policy: str = "topology",
         passes: Any = True,
+        profiles: Mapping[str, LatencyProfile] | None = None,
+        expected_items: int | None = None,
         warn: bool = True,
     ) -> None:
         if backend not in BACKENDS:
@@ -83,17 +104,23 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.policy = policy
         self._contexts = ContextRegistry()
         self._engines = EngineRegistry(self._contexts)
-        session = TraceSession(self._engines, warn=warn)
+        session = TraceSession(self._engines, warn=warn, expected_items=expected_items)
         self.plan: TracedChain = session.trace(original)
         self.stream_head: TracedChain | None = None
         self._tail: Runnable[Any, Any] | None = None
+        self._stream_original = False
         split = streaming_split(original)
-        if split is not None:
+        if split is None:
+            self._stream_original = not streams_as_invoked(original)
+        elif split[0] is None or streams_as_invoked(split[0]):
             head, self._tail = split
             if head is not None:
                 self.stream_head = session.trace(head, name=f"{self.name}:stream-head")
+        else:
+            self._stream_original = True
+        self.profiles = {**self._engines.engines.profiles(), **(profiles or {})}
         for sub in self._graphs():
-            _optimize_graph(sub, passes, self._engines)
+            _optimize_graph(sub, passes, self.profiles)
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
         self._runtimes_lock = threading.Lock()
         self._thread = LoopThread(f"teola:{self.name}")
@@ -127,20 +154,27 @@ class TeolaRunnable(Runnable[Input, Output]):
         out = [f"Teola plan for {self.name} (backend {self.backend}, policy {self.policy})\n"]
         if self.plan.opaque:
             out.append(section("opaque steps (run as one call each)", "\n".join(f"- {o}" for o in self.plan.opaque)))
-        streaming = (
-            "the whole chain streams through LangChain (it starts with its model)"
-            if self._tail is not None and self.stream_head is None
-            else f"graph {self.stream_head.main.name!r}, then LangChain streams {self._tail.get_name()}"
-            if self._tail is not None and self.stream_head is not None
-            else "no streaming tail: stream() yields the whole output as one chunk"
-        )
-        out.append(section("stream", streaming))
+        engines = [f"- {name}: {type(e).__name__}" for name, e in self._engines.engines.engines.items()]
+        out.append(section("engines (profiles are keyed by these names)", "\n".join(engines) or "- none"))
+        out.append(section("stream", self._stream_plan()))
         for sub in self._graphs():
             out.append(section(f"p-graph {sub.name}", sub.pgraph.summary()))
             out.append(section(f"passes applied to {sub.name}", "\n".join(f"- {p}" for p in sub.passes) or "- none"))
             out.append(section(f"e-graph {sub.name}", sub.graph.summary()))
             out.append(section(f"mermaid {sub.name}", mermaid(sub.graph)))
         return "\n".join(out)
+
+    def _stream_plan(self) -> str:
+        if self._stream_original:
+            return (
+                "the original chain streams (LangChain's stream of a step in it differs from its invoke, "
+                "see models.streams_as_invoked)"
+            )
+        if self._tail is None:
+            return "no streaming tail: stream() yields the graph's output as one chunk"
+        if self.stream_head is None:
+            return f"the whole chain is its streaming tail: LangChain streams {self._tail.get_name()}"
+        return f"graph {self.stream_head.main.name!r}, then LangChain streams the tail {self._tail.get_name()}"
 
     def _graphs(self) -> list[SubGraph]:
         graphs = self.plan.graphs()
@@ -263,7 +297,7 @@ class TeolaRunnable(Runnable[Input, Output]):
 
     # -- stream ----------------------------------------------------------------------
     def stream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Output]:
-        if kwargs:
+        if kwargs or self._stream_original:
             yield from self.original.stream(input, config, **kwargs)
             return
         if self._tail is None:
@@ -290,7 +324,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         rm.on_chain_end(final)
 
     async def astream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Output]:
-        if kwargs:
+        if kwargs or self._stream_original:
             async for chunk in self.original.astream(input, config, **kwargs):
                 yield chunk
             return
@@ -336,7 +370,7 @@ def _batch_results(results: list[Any], return_exceptions: bool) -> list[Any]:
     return results
 
 
-def _optimize_graph(sub: SubGraph, passes: Any, engines: EngineRegistry) -> None:
+def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyProfile]) -> None:
     """Run the pass pipeline on one traced graph (when the core's pass manager is there)."""
     if passes is False:
         sub.passes = ["(passes disabled)"]
@@ -347,7 +381,7 @@ def _optimize_graph(sub: SubGraph, passes: Any, engines: EngineRegistry) -> None
         sub.passes = ["(no pass manager in this teola_core: the e-graph is the p-graph)"]
         return
     manager = passes if isinstance(passes, PassManager) else PassManager()
-    result = manager.optimize(sub.pgraph, PassContext(profiles=engines.engines.profiles()))
+    result = manager.optimize(sub.pgraph, PassContext(profiles=profiles))
     sub.graph = result.e_graph
     sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]
 

@@ -1,9 +1,9 @@
 """Where an optimized chain's graphs run: the runtime backend and the event-loop thread.
 
-Backends (`make_runtime`): "reference" runs each query with
-`teola_core.runtime.reference.evaluate` (one primitive at a time; it defines what a
-graph computes); "local" is `teola_core.runtime.local.LocalRuntime` (the scheduled,
-batching runtime). `DEFAULT_BACKEND` picks one: switching the default is one line.
+Backends (`make_runtime`): "local" (the default) is
+`teola_core.runtime.local.LocalRuntime`, the scheduled, batching runtime;
+"reference" runs each query with `teola_core.runtime.reference.evaluate` (one
+primitive at a time; it defines what a graph computes), useful to check a result.
 
 Runtimes keep per-loop state (futures, queues), so an optimized runnable keeps one
 runtime per event loop: async calls run on the caller's loop (their user steps see the
@@ -28,7 +28,7 @@ from teola_core.runtime.reference import evaluate
 T = TypeVar("T")
 
 BACKENDS = ("reference", "local")
-DEFAULT_BACKEND = "reference"
+DEFAULT_BACKEND = "local"
 
 
 class ReferenceRuntime(Runtime):

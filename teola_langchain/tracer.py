@@ -43,10 +43,8 @@ from langchain_core.output_parsers import BaseOutputParser
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import (
     Runnable,
-    RunnableBinding,
     RunnableBranch,
     RunnableConfig,
-    RunnableEach,
     RunnableGenerator,
     RunnableLambda,
     RunnableParallel,
@@ -54,7 +52,7 @@ from langchain_core.runnables import (
     RunnableSequence,
     RunnableWithFallbacks,
 )
-from langchain_core.runnables.base import coerce_to_runnable
+from langchain_core.runnables.base import RunnableEach, coerce_to_runnable
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 from langchain_core.runnables.retry import RunnableRetry
 
@@ -63,9 +61,10 @@ from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
 from teola_core.ir.types import PortType
 from teola_langchain import steps as fns
+from teola_langchain.classes import class_of
 from teola_langchain.context import BoundConfigs
 from teola_langchain.engines import EngineRegistry
-from teola_langchain.models import language_model
+from teola_langchain.models import is_binding, language_model
 from teola_langchain.parsers import ParserItems, is_recognised, parse_output, returns_list
 from teola_langchain.prompts import describe, is_prompt, render_whole, sole_variable, split_input
 from teola_langchain.retrievers import Decomposition, decompose
@@ -106,8 +105,9 @@ class TracedChain:
 class TraceSession:
     """State shared by the graphs of one trace: engines, nested graphs, opaque-step notes."""
 
-    def __init__(self, engines: EngineRegistry, *, warn: bool = True) -> None:
+    def __init__(self, engines: EngineRegistry, *, warn: bool = True, expected_items: int | None = None) -> None:
         self.engines = engines
+        self.expected_items = expected_items
         self.subgraphs: list[SubGraph] = []
         self.opaque: list[str] = []
         self._warn = warn
@@ -143,9 +143,19 @@ class TraceSession:
             )
 
 
-def trace(runnable: Runnable[Any, Any] | Any, engines: EngineRegistry, *, warn: bool = True) -> TracedChain:
-    """Trace `runnable` into a p-graph whose engines are registered in `engines`."""
-    return TraceSession(engines, warn=warn).trace(runnable)
+def trace(
+    runnable: Runnable[Any, Any] | Any,
+    engines: EngineRegistry,
+    *,
+    warn: bool = True,
+    expected_items: int | None = None,
+) -> TracedChain:
+    """Trace `runnable` into a p-graph whose engines are registered in `engines`.
+
+    expected_items: how many items an LLM with a list parser is expected to write (a
+    planning hint for decode pipelining; results never depend on it).
+    """
+    return TraceSession(engines, warn=warn, expected_items=expected_items).trace(runnable)
 
 
 def _inner(bound: BoundConfigs) -> BoundConfigs:
@@ -154,6 +164,11 @@ def _inner(bound: BoundConfigs) -> BoundConfigs:
         RunnableConfig(**{k: v for k, v in c.items() if k not in ("run_name", "run_id")})  # type: ignore[typeddict-item]
         for c in bound
     )
+
+
+def _node_name(name: str, label: str | None) -> str:
+    """Node ids read `<step>.<what>`: `format_docs.lambda`, `ChatPromptTemplate.format`."""
+    return f"{label}.{name}" if label else name
 
 
 class GraphTracer:
@@ -205,10 +220,10 @@ class GraphTracer:
             self._memo.pop()
 
     def _inline(self, fn: Any, inputs: dict[str, Value], name: str, label: str | None = None) -> Value:
-        return self.b.call(fn, inputs, name=name, label=label, inline=True)
+        return self.b.call(fn, inputs, name=_node_name(name, label), label=label, inline=True)
 
     def _user(self, fn: Any, value: Value, name: str, label: str) -> Value:
-        return self.b.call(fn, {"value": value, "ctx": self.ctx}, name=name, label=label)
+        return self.b.call(fn, {"value": value, "ctx": self.ctx}, name=_node_name(name, label), label=label)
 
     def _const(self, value: Any, name: str = "const") -> Value:
         return self._inline(fns.constant(value), {}, name)
@@ -217,8 +232,8 @@ class GraphTracer:
     def step(self, r: Runnable[Any, Any], sym: Sym, bound: BoundConfigs) -> Sym:
         if isinstance(r, _BY_DESIGN):
             return self.opaque(r, sym, bound, None)
-        kind = type(r)
-        if kind is RunnableBinding:
+        kind = class_of(r)
+        if is_binding(r):
             return self.binding(r, sym, bound)
         if kind is RunnableSequence:
             return self.sequence(r.steps, sym, bound)
@@ -257,7 +272,7 @@ class GraphTracer:
         return Ref(self._user(fns.run_step(r, bound), self.value(sym), "call", r.get_name()))
 
     # -- composition -----------------------------------------------------------------
-    def binding(self, r: RunnableBinding[Any, Any], sym: Sym, bound: BoundConfigs) -> Sym:
+    def binding(self, r: Any, sym: Sym, bound: BoundConfigs) -> Sym:
         if r.config_factories:
             return self.opaque(r, sym, bound, "a binding with config factories (listeners)")
         if language_model(r) is not None:
@@ -277,7 +292,7 @@ class GraphTracer:
                 i += 1
                 continue
             parser = steps[i + 1] if i + 1 < len(steps) and is_recognised(steps[i + 1]) else None
-            mapped = parser is not None and i + 2 < len(steps) and type(steps[i + 2]) is RunnableEach
+            mapped = parser is not None and i + 2 < len(steps) and class_of(steps[i + 2]) is RunnableEach
             sym = self.llm(step, sym, inner, parser, items=mapped)
             i += 2 if parser is not None else 1
         return sym
@@ -316,12 +331,13 @@ class GraphTracer:
         func = getattr(r, "func", None)
         if isinstance(func, operator.itemgetter) and not hasattr(r, "afunc"):
             keys = func.__reduce__()[1]
+            label = f"itemgetter({', '.join(map(repr, keys))})"
             if len(keys) == 1 and isinstance(keys[0], str) and isinstance(sym, DictValue):
                 if keys[0] in sym.fields:
                     return sym.fields[keys[0]]
                 if sym.base is not None:
-                    return Ref(self._inline(fns.apply(func), {"value": sym.base}, "itemgetter", r.get_name()))
-            return Ref(self._inline(fns.apply(func), {"value": self.value(sym)}, "itemgetter", r.get_name()))
+                    return Ref(self._inline(fns.apply(func), {"value": sym.base}, "get", label))
+            return Ref(self._inline(fns.apply(func), {"value": self.value(sym)}, "get", label))
         return Ref(self._user(fns.run_step(r, bound), self.value(sym), "lambda", r.get_name()))
 
     def branch(self, r: RunnableBranch[Any, Any], sym: Sym, bound: BoundConfigs) -> Sym:
@@ -334,7 +350,7 @@ class GraphTracer:
             PrimitiveKind.CONDITION,
             {"value": index},
             config={"predicate": fns.branch_index, "branches": len(bodies), "inline": True},
-            name="branch",
+            name=_node_name("condition", label),
             label=label,
         )
         condition = Value(node.id, "branch")
@@ -368,7 +384,7 @@ class GraphTracer:
                 split_input(template.ports, sole_variable(p)),
                 {"value": self.value(sym)},
                 outputs=template.ports,
-                name="prompt.inputs",
+                name=_node_name("inputs", label),
                 label=label,
                 inline=True,
             )
@@ -378,7 +394,7 @@ class GraphTracer:
             ports,
             config={"template": template},
             input_ports=tuple(PortSpec(v, PortType.ANY) for v in template.ports),
-            name="format",
+            name=_node_name("format", label),
             label=label,
         )
         return Ref(Value(node.id, "prompt"))
@@ -411,6 +427,7 @@ class GraphTracer:
                 engine=engine,
                 max_tokens=max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS,
                 split_unit=unit,
+                expected_items=self.session.expected_items if unit is not None else None,
                 runnable=r,
                 bound_config=bound,
             )

@@ -225,7 +225,11 @@ class SimLLM(Engine):
         default_max_tokens: int = 256,
         name: str = "llm",
         concurrency: int = 64,
+        instances: int = 1,
     ) -> None:
+        """`instances`: how many model instances this engine stands for. The step loop
+        simulates their capacity as one running set; a per-invocation policy uses the
+        count to run one invocation per instance."""
         for op in ("prefill", "decode"):
             profile.curve(op)  # fail now, not inside the step loop
         if max_step_tokens < 1:
@@ -233,7 +237,7 @@ class SimLLM(Engine):
         self.name = name
         self.kinds = _PREFILLS | _DECODES
         self.profile = profile
-        self.limits = EngineLimits(concurrency=concurrency)
+        self.limits = EngineLimits(concurrency=concurrency, instances=instances)
         self.clock = SimClock(time_scale, concurrency)
         self.responder: Responder = responder or pseudo_words
         self.cache: PrefixCache | None = PrefixCache(cache_tokens) if prefix_cache else None

@@ -89,6 +89,7 @@ LLM = LatencyProfile(
     },
 )
 LLM_CACHE_TOKENS = 16_384
+LLM_INSTANCES = 2  # the paper's evaluation: two instances per LLM, one per other engine
 
 
 def paper_profiles() -> dict[str, LatencyProfile]:
@@ -99,8 +100,9 @@ def paper_profiles() -> dict[str, LatencyProfile]:
 def paper_engines(time_scale: float = 1.0, prefix_cache: bool = True, responder: Responder | None = None) -> EngineSet:
     """Fresh simulated engines named "embedder", "vectordb", "reranker" and "llm".
 
-    One instance each, as the paper's evaluation gives every non-LLM engine (the LLM's
-    continuous batching lets up to 64 calls share it). Engines carry the unscaled
+    One instance of each non-LLM engine and two of the LLM, as in the paper's
+    evaluation (the LLM's continuous batching lets up to 64 calls share it; the
+    per-invocation baselines run one invocation per LLM instance at a time). Engines carry the unscaled
     profiles: `time_scale` is how the simulation spends time, not a property of the
     engines the profiles describe. `prefix_cache=False` is the LlamaDist baseline.
     """
@@ -116,6 +118,7 @@ def paper_engines(time_scale: float = 1.0, prefix_cache: bool = True, responder:
                 responder=responder,
                 prefix_cache=prefix_cache,
                 cache_tokens=LLM_CACHE_TOKENS,
+                instances=LLM_INSTANCES,
             )
         )
     )

@@ -54,11 +54,14 @@ class EngineLimits:
     max_batch_items: the most items one batch may carry (None: as many as given).
     concurrency: batches that may run at once (instances, or an LLM's running set).
     timeout_s: a batch running longer fails its calls (None: no limit).
+    instances: how many engine instances serve this engine; a policy that runs one
+      invocation at a time per instance (per-invocation batching) uses it.
     """
 
     max_batch_items: int | None = None
     concurrency: int = 1
     timeout_s: float | None = None
+    instances: int = 1
 
 
 class Engine(ABC):

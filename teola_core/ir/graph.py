@@ -7,6 +7,7 @@ data edges and control edges.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -98,15 +99,34 @@ class Graph:
 
     @cached_property
     def topological_order(self) -> tuple[str, ...]:
-        """Kahn's order, ties broken by build order (stable, so repeatable)."""
+        """Kahn's order, ties broken by build order (stable, so repeatable).
+
+        Hand-written rather than networkx's because every validation after every pass
+        runs it; networkx is used only to name a cycle when there is one.
+        """
         position = {node_id: i for i, node_id in enumerate(self.nodes)}
-        try:
-            order = nx.lexicographical_topological_sort(self.to_networkx(), key=position.__getitem__)
-            return tuple(order)
-        except nx.NetworkXUnfeasible:
+        indegree = dict.fromkeys(self.nodes, 0)
+        successors: dict[str, list[str]] = defaultdict(list)
+        for src, dst in [(e.src, e.dst) for e in self.data_edges] + [(c.src, c.dst) for c in self.control_edges]:
+            if src in indegree and dst in indegree:
+                indegree[dst] += 1
+                successors[src].append(dst)
+        ready = [position[n] for n, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        ids = list(self.nodes)
+        order: list[str] = []
+        while ready:
+            node_id = ids[heapq.heappop(ready)]
+            order.append(node_id)
+            for dst in successors[node_id]:
+                indegree[dst] -= 1
+                if indegree[dst] == 0:
+                    heapq.heappush(ready, position[dst])
+        if len(order) < len(ids):
             cycle = nx.find_cycle(self.to_networkx())
             names = " -> ".join(str(u) for u, *_ in cycle)
-            raise GraphError(f"graph {self.name!r} has a cycle: {names} -> {cycle[0][0]}") from None
+            raise GraphError(f"graph {self.name!r} has a cycle: {names} -> {cycle[0][0]}")
+        return tuple(order)
 
     def depths(self, cost: Callable[[Node], float] | None = None) -> dict[str, float]:
         """Longest path from each node to the output, counting the node itself.

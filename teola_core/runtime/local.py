@@ -180,6 +180,7 @@ class LocalRuntime(Runtime):
                 policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
                 max_batch_items=limit,
                 concurrency=engine.limits.concurrency,
+                instances=engine.limits.instances,
             )
         self._queries: dict[str, _QueryRun] = {}
         self._batches: dict[tuple[str, int], _BatchRun] = {}

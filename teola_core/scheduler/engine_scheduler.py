@@ -9,7 +9,9 @@ State:
 
     pending    the policy's queue of `NodeReady` events (see `policies`)
     running    batch id -> the `RunBatch` in flight
-    slots      `concurrency` batches may be in flight at once (EngineLimits.concurrency)
+    slots      batches that may be in flight at once: `concurrency`
+               (EngineLimits.concurrency), or what the policy allows (po: one
+               invocation per engine instance)
     max batch  the most items a batch carries: the engine's max efficient batch (a node
                larger than it runs alone); the policy may narrow it (po: 1, to: fixed)
 
@@ -46,6 +48,7 @@ class EngineScheduler:
         policy: str | Policy = "topology",
         max_batch_items: int | None = None,
         concurrency: int = 1,
+        instances: int = 1,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"engine {engine!r}: concurrency must be at least 1, got {concurrency}")
@@ -54,7 +57,7 @@ class EngineScheduler:
         self.engine = engine
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_batch_items = max_batch_items
-        self.concurrency = concurrency
+        self.concurrency = self.policy.slots(concurrency, instances)
         self._running: dict[int, RunBatch] = {}
         self._ids = count()
 

@@ -17,7 +17,10 @@ Policies, by name (`make_policy`):
               bucket offer the node with the greatest depth (longest path to the
               output) first, ties in queue order; fill up to the max efficient batch.
     fifo      queue order; fill up to the max batch.
-    po        per-invocation, latency first: exactly one node per batch, queue order.
+    po        per-invocation, latency first: the oldest pending node and every other
+              pending node of the same invocation (same query and module) form one
+              batch, whatever its size; each engine instance runs one invocation at
+              a time (static batching, no mixing across invocations).
     to        throughput first: FIFO filled up to a fixed max batch (`max_batch=`;
               without it, the engine scheduler's max batch).
 
@@ -80,6 +83,10 @@ class Policy(ABC):
         """The max batch this policy fills to, given the engine scheduler's."""
         return max_items
 
+    def slots(self, concurrency: int, instances: int) -> int:
+        """Batches that may run at once, given the engine's limits."""
+        return concurrency
+
 
 class FifoPolicy(Policy):
     """Queue order. An insertion-ordered dict keeps removal O(1) when a query drops."""
@@ -124,12 +131,39 @@ class FifoPolicy(Policy):
 
 
 class PerInvocationPolicy(FifoPolicy):
-    """PO: every node is its own batch, in queue order (latency first)."""
+    """PO: one invocation per batch, one batch per engine instance (latency first).
+
+    An invocation is what a module-by-module framework sends an engine in one go: the
+    ready nodes of one query's module. The batch is the whole invocation (the engine
+    runs it alone, so it is as fast as it can be), and nothing of other invocations
+    joins it: there is no dynamic batching across queries.
+    """
 
     name = "po"
 
-    def limit(self, max_items: int | None) -> int | None:
-        return 0  # `fill` then closes the batch after its first node
+    def take(self, max_items: int | None) -> list[NodeReady]:
+        if not self._queue:
+            return []
+        first_seq, first = next(iter(self._queue.items()))
+        if first.solo:
+            chosen = [first_seq]
+        else:
+            module = first.node.module
+            chosen = [
+                seq
+                for seq in self._by_query[first.query_id]
+                if not self._queue[seq].solo and self._queue[seq].node.module == module
+            ]
+        batch = [self._queue.pop(seq) for seq in chosen]
+        mine = self._by_query[first.query_id]
+        for seq in chosen:
+            del mine[seq]
+        if not mine:
+            del self._by_query[first.query_id]
+        return batch
+
+    def slots(self, concurrency: int, instances: int) -> int:
+        return instances
 
 
 class ThroughputPolicy(FifoPolicy):

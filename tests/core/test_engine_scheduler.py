@@ -90,9 +90,41 @@ def test_fifo_keeps_arrival_order_of_nodes() -> None:
     assert _drain(es, *_MIXED) == [["q2.a", "q1.a", "q3.a", "q1.b"], ["q2.b", "q1.c"]]
 
 
-def test_po_runs_one_node_per_batch_in_arrival_order() -> None:
-    es = EngineScheduler("emb", policy="po", max_batch_items=4)
-    assert _drain(es, *_MIXED) == [["q2.a"], ["q1.a"], ["q3.a"], ["q1.b"], ["q2.b"], ["q1.c"]]
+def test_po_runs_one_invocation_per_batch_in_arrival_order() -> None:
+    # Nodes of one query's module form one invocation, whatever the max batch; nothing
+    # of another invocation joins it.
+    es = EngineScheduler("emb", policy="po", max_batch_items=2)
+    assert _drain(es, *_MIXED) == [["q2.a", "q2.b"], ["q1.a", "q1.b", "q1.c"], ["q3.a"]]
+
+
+def test_po_separates_modules_of_one_query() -> None:
+    es = EngineScheduler("emb", policy="po")
+    first = _ready("q1", "a")
+    other_module = NodeReady(
+        query_id="q1",
+        node=Node(
+            "b",
+            PrimitiveKind.EMBED,
+            _EMBED.inputs or (),
+            _EMBED.outputs or (),
+            engine="emb",
+            caps=_EMBED.caps,
+            module="retrieval",
+        ),
+        inputs={"texts": ["t"]},
+        depth=1.0,
+        arrival=0.0,
+        items=1,
+        now=0.0,
+    )
+    assert _drain(es, first, other_module) == [["q1.a"], ["q1.b"]]
+
+
+def test_po_runs_one_invocation_per_instance_whatever_the_concurrency() -> None:
+    es = EngineScheduler("llm", policy="po", concurrency=64, instances=2)
+    started = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q3", "a"))
+    assert [_names(b) for b in started] == [["q1.a"], ["q2.a"]]
+    assert es.pending == 1
 
 
 def test_to_fills_its_fixed_max_batch_whatever_the_engine_max() -> None:
@@ -142,7 +174,7 @@ def test_several_events_at_once_share_one_batch() -> None:
 
 
 def test_concurrency_limits_batches_in_flight() -> None:
-    es = EngineScheduler("emb", policy="po", concurrency=2)
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=1, concurrency=2)
     first = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q3", "a"))
     assert [(b.batch_id, _names(b)) for b in first] == [(0, ["q1.a"]), (1, ["q2.a"])]
     assert es.pending == 1 and len(es.running) == 2
