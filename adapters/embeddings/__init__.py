@@ -13,6 +13,7 @@ from teola_adapters.embeddings.engine import (
     SentenceTransformerEmbedder,
     default_model_path,
     measure_profile,
+    profile_texts,
 )
 
-__all__ = ["ObjectEmbedder", "SentenceTransformerEmbedder", "default_model_path", "measure_profile"]
+__all__ = ["ObjectEmbedder", "SentenceTransformerEmbedder", "default_model_path", "measure_profile", "profile_texts"]

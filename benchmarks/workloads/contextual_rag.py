@@ -3,7 +3,7 @@
 Before indexing, an LLM call per chunk writes one sentence situating the chunk within
 the whole document (all calls share the document as their prompt's prefix); the
 contextualised chunks are embedded and ingested; then retrieval, rerank and synthesis.
-13 LLM calls per query.
+9 LLM calls per query.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType
 from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate
 
-N_CHUNKS = 12
-CHUNK_TOKENS = 80
+N_CHUNKS = 8
+CHUNK_TOKENS = 64
 CONTEXT_TOKENS = 24
 CONTEXT_TEMPLATE = CONTEXT_MARKER + "\nDocument:\n{document}\nChunk:\n{chunk}\nContext:"
 
@@ -80,7 +80,7 @@ def make_query(i: int) -> dict[str, Any]:
 
 WORKLOAD = Workload(
     name="contextual_rag",
-    description="contextual retrieval: an LLM call per chunk (12) to situate it, then RAG with rerank (13 LLM calls)",
+    description="contextual retrieval: an LLM call per chunk (8) to situate it, then RAG with rerank (9 LLM calls)",
     template=lambda _scale: TEMPLATE,
     make_query=make_query,
     model=FakeModel(answer_tokens=ANSWER_TOKENS, context_tokens=CONTEXT_TOKENS),
