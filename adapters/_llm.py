@@ -7,6 +7,7 @@ of items, exactly as the simulated LLM does, so graphs run unchanged on any of t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from teola_core.ir.kinds import PrimitiveKind
@@ -16,6 +17,16 @@ from teola_core.ops import decode_chunk
 PREFILLS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
 DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
 LLM_KINDS = PREFILLS | DECODES
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading elements (tokens) two sequences share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def decode_outputs(node: Node, text: str) -> dict[str, Any]:

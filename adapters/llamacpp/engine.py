@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, prompt_text, stop_list
+from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, common_prefix, decode_outputs, prompt_text, stop_list
 from teola_adapters._optional import MissingDependencyError, require
 from teola_adapters._profiles import ProfileSource, load_profile
 
@@ -107,15 +107,6 @@ class SavedState:
 def aligned(n: int, chunk: int) -> int:
     """The last chunk boundary at or below n."""
     return n // chunk * chunk
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class StateCache:

@@ -43,13 +43,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from teola_adapters._llm import common_prefix, decode_outputs
 from teola_adapters.simulated.clock import SimClock, stable_hash
 
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
-from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
-from teola_core.ops import decode_chunk
 from teola_core.profiles.profile import LatencyProfile
 
 Responder = Callable[[str, int], str]
@@ -302,7 +301,7 @@ class SimLLM(Engine):
             held = 0
             if node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
                 prefix = _text(self._own(call.inputs["prefix_kv"]).prompt, "prefix_kv.prompt")
-                held = _common_prefix(tokens_of(prefix), tokens)
+                held = common_prefix(tokens_of(prefix), tokens)
             st = self._loop_state()
             job = _Prefill(tokens, held, node.kind != PrimitiveKind.PARTIAL_PREFILL, st.loop.create_future())
             st.waiting.append(job)
@@ -315,7 +314,7 @@ class SimLLM(Engine):
             done: asyncio.Future[None] = st.loop.create_future()
             self._start_decode(st, _Sequence(pieces, future=done))
             await done
-            return _decode_outputs(node, text)
+            return decode_outputs(node, text)
         raise TypeError(f"{self.name} runs LLM primitives, not {node.describe()}")
 
     def _decode_text(self, call: Call) -> tuple[str, list[str]]:
@@ -432,25 +431,3 @@ def _text(value: Any, port: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"the simulated LLM takes text prompts; {port} is {type(value).__name__}")
     return value
-
-
-def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def _decode_outputs(node: Node, text: str) -> dict[str, Any]:
-    if node.kind == PrimitiveKind.DECODE:
-        outputs: dict[str, Any] = {"text": text}
-        if node.output_port("items") is not None:
-            outputs["items"] = node.config["split_unit"].parse(text)
-        return outputs
-    items = decode_chunk(node.config["split_unit"].parse(text), node.config["index"], node.config["count"])
-    outputs = {"items": items}
-    if node.output_port("text") is not None:
-        outputs["text"] = text
-    return outputs
