@@ -2,6 +2,7 @@
 
 Backends (`make_runtime`): "local" (the default) is
 `teola_core.runtime.local.LocalRuntime`, the scheduled, batching runtime;
+"ray" (`teola_core.runtime.ray.RayRuntime`) runs each engine as a Ray actor;
 "reference" runs each query with `teola_core.runtime.reference.evaluate` (one
 primitive at a time; it defines what a graph computes), useful to check a result.
 
@@ -27,7 +28,7 @@ from teola_core.runtime.reference import evaluate
 
 T = TypeVar("T")
 
-BACKENDS = ("reference", "local")
+BACKENDS = ("reference", "local", "ray")
 DEFAULT_BACKEND = "local"
 
 
@@ -53,6 +54,12 @@ def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str
         from teola_core.runtime.local import LocalRuntime
 
         return LocalRuntime(engines, policy=policy)
+    if backend == "ray":  # each engine copied into one Ray actor; Ray connects as `RAY_ADDRESS` says
+        from teola_adapters.ray import ray_engines
+
+        from teola_core.runtime.ray import RayRuntime
+
+        return RayRuntime(lambda: ray_engines(engines), policy=policy, own_engines=True)
     raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
 
 
