@@ -1,0 +1,163 @@
+"""Loading the apps a server serves, and the `App` seam every framework plugs into.
+
+The routes only know the `App` protocol: a name, an input schema (to map a request onto
+the app's input), `ainvoke`/`astream`, and `attach`/`close` so the server can observe the
+app's runtime on its own event loop. `LangChainApp` implements it for LangChain runnables
+(wrapped with `teola.optimize` unless they already are); a LlamaIndex pipeline or query
+engine gets its own small class beside it, and `wrap_app` picks it by type.
+
+Specs on the command line: `module:attr` (served as `attr`) or `name=module:attr`;
+`attr` may be dotted (`module:holder.chain`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from teola_core.runtime.base import Runtime, RuntimeHook
+from teola_core.runtime.local import LocalRuntime
+
+
+@runtime_checkable
+class App(Protocol):
+    """What the server needs from a served application (any framework)."""
+
+    name: str
+
+    def input_schema(self) -> type[BaseModel] | None:
+        """The app's input model (pydantic), or None when it takes anything."""
+
+    async def ainvoke(self, value: Any) -> Any:
+        """Run one query; the result is mapped to text by `responses.to_text`."""
+
+    def astream(self, value: Any) -> AsyncIterator[Any]:
+        """Run one query, yielding chunks as the app produces them."""
+
+    def attach(self, hook: RuntimeHook) -> None:
+        """Called on the server's event loop at startup: observe the runtime that will
+        run every request of this app on that loop."""
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        """Per engine: (nodes waiting, batches running), for the metrics scrape."""
+
+    async def close(self) -> None:
+        """Release what the app holds for the server's loop."""
+
+
+class LangChainApp:
+    """A LangChain runnable served through Teola: every request on the server's loop
+    shares the one runtime the optimized runnable keeps for that loop, which is what
+    lets the engine schedulers batch across requests."""
+
+    def __init__(self, name: str, runnable: Any, *, backend: str = "local") -> None:
+        import teola
+        from teola_langchain.runnable import TeolaRunnable
+
+        self.name = name
+        self.runnable: TeolaRunnable[Any, Any] = (
+            runnable if isinstance(runnable, TeolaRunnable) else teola.optimize(runnable, backend=backend)
+        )
+        self._runtime: Runtime | None = None
+
+    def input_schema(self) -> type[BaseModel] | None:
+        schema = self.runnable.get_input_schema()
+        return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+
+    async def ainvoke(self, value: Any) -> Any:
+        return await self.runnable.ainvoke(value)
+
+    async def astream(self, value: Any) -> AsyncIterator[Any]:
+        async for chunk in self.runnable.astream(value):
+            yield chunk
+
+    def attach(self, hook: RuntimeHook) -> None:
+        # TeolaRunnable keeps one runtime per event loop and has no public accessor yet;
+        # `_runtime()` creates (or returns) the one of the running loop.
+        runtime = self.runnable._runtime()
+        runtime.add_hook(hook)
+        self._runtime = runtime
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        runtime = self._runtime
+        if not isinstance(runtime, LocalRuntime):
+            return {}  # the reference backend has no queues
+        # No public list of a runnable's engines yet: read the engine registry it traced into.
+        depths = {}
+        for engine in sorted(self.runnable._engines.engines.engines):
+            scheduler = runtime.scheduler(engine)
+            depths[engine] = (scheduler.pending, len(scheduler.running))
+        return depths
+
+    async def close(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.close()
+        self.runnable.close()
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """`name=module:attr` parsed."""
+
+    name: str
+    module: str
+    attr: str
+
+    @classmethod
+    def parse(cls, spec: str) -> AppSpec:
+        name, sep, target = spec.partition("=")
+        if not sep:
+            name, target = "", spec
+        module, colon, attr = target.partition(":")
+        if not colon or not module or not attr:
+            raise ValueError(f"app spec {spec!r}: expected module:attr or name=module:attr")
+        return cls(name or attr.rsplit(".", 1)[-1], module, attr)
+
+
+def wrap_app(name: str, obj: Any, *, backend: str = "local") -> App:
+    """The `App` for a loaded object: already an App, or a LangChain runnable."""
+    if isinstance(obj, App):
+        return obj
+    try:
+        from langchain_core.runnables import Runnable
+    except ModuleNotFoundError as exc:
+        raise TypeError(
+            f"app {name!r} is a {type(obj).__name__}; serving LangChain apps needs pip install 'teola[langchain]'"
+        ) from exc
+    if isinstance(obj, Runnable):
+        return LangChainApp(name, obj, backend=backend)
+    raise TypeError(
+        f"app {name!r} is a {type(obj).__name__}: expected a LangChain Runnable or an object with the "
+        "teola.server.apps.App interface (LlamaIndex apps come with teola_llamaindex)"
+    )
+
+
+def load_apps(specs: Iterable[str], *, backend: str = "local", search_path: str | None = None) -> list[App]:
+    """Import every `name=module:attr` and wrap it; names must be unique."""
+    if search_path is not None and search_path not in sys.path:
+        sys.path.insert(0, search_path)
+    apps: list[App] = []
+    for raw in specs:
+        spec = AppSpec.parse(raw)
+        obj: Any = importlib.import_module(spec.module)
+        for part in spec.attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError as exc:
+                raise ValueError(f"app spec {raw!r}: module {spec.module!r} has no attribute {spec.attr!r}") from exc
+        if any(a.name == spec.name for a in apps):
+            raise ValueError(f"two apps are named {spec.name!r}; name one explicitly: other_name={spec.module}:...")
+        apps.append(wrap_app(spec.name, obj, backend=backend))
+    return apps
+
+
+def cwd_path() -> str:
+    """Where `teola serve` imports apps from first (like `uvicorn`): the working directory."""
+    return str(Path.cwd())

@@ -1,0 +1,126 @@
+"""Prometheus metrics of one server, in its own `CollectorRegistry` (no global registry).
+
+From the runtime hooks (one `PrimitiveSpan` per primitive, see `teola_core.runtime`):
+
+    teola_primitive_latency_seconds{app,kind}      run time (start to end) by primitive kind
+    teola_primitive_wait_seconds{app,kind}         queueing (ready to start) by primitive kind
+    teola_engine_latency_seconds{app,engine}       run time of the engine's primitives
+    teola_engine_batch_size{app,engine}            batch size each primitive ran in (observed once
+                                                   per primitive: a batch of n counts n times)
+    teola_primitive_errors_total{app,kind}         primitives that failed
+
+Read at scrape time from the engine schedulers:
+
+    teola_engine_queue_depth{app,engine}           nodes waiting for a batch
+    teola_engine_running_batches{app,engine}       batches in flight
+
+From the routes: `teola_requests_total{model,endpoint,status}`,
+`teola_request_latency_seconds{model,endpoint}`, `teola_requests_in_progress{model}`;
+and the process collector (`process_resident_memory_bytes`, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from teola.server.apps import App
+from teola_core.runtime.base import PrimitiveSpan
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class SpanRecorder:
+    """A runtime hook that records one app's primitive spans."""
+
+    def __init__(self, metrics: ServerMetrics, app: str) -> None:
+        self._m = metrics
+        self._app = app
+
+    def on_span(self, span: PrimitiveSpan) -> None:
+        kind = span.node.kind.value
+        run = max(0.0, span.ended_at - span.started_at)
+        self._m.primitive_latency.labels(self._app, kind).observe(run)
+        self._m.primitive_wait.labels(self._app, kind).observe(max(0.0, span.started_at - span.ready_at))
+        if span.error is not None:
+            self._m.primitive_errors.labels(self._app, kind).inc()
+        if span.node.engine is not None:
+            self._m.engine_latency.labels(self._app, span.node.engine).observe(run)
+            self._m.batch_size.labels(self._app, span.node.engine).observe(span.batch_size)
+
+
+class _QueueCollector(Collector):
+    """Queue depth and running batches, read from the apps' engine schedulers per scrape."""
+
+    def __init__(self, apps: Sequence[App]) -> None:
+        self._apps = apps
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily("teola_engine_queue_depth", "Nodes waiting for a batch", labels=["app", "engine"])
+        running = GaugeMetricFamily("teola_engine_running_batches", "Batches in flight", labels=["app", "engine"])
+        for app in self._apps:
+            for engine, (pending, batches) in app.queue_depths().items():
+                depth.add_metric([app.name, engine], pending)
+                running.add_metric([app.name, engine], batches)
+        yield depth
+        yield running
+
+
+class ServerMetrics:
+    """Every metric of one server; `render()` is the /metrics body."""
+
+    content_type = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, apps: Sequence[App]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.primitive_latency = Histogram(
+            "teola_primitive_latency_seconds",
+            "Primitive run time",
+            ["app", "kind"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.primitive_wait = Histogram(
+            "teola_primitive_wait_seconds",
+            "Primitive queueing time",
+            ["app", "kind"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.primitive_errors = Counter("teola_primitive_errors", "Failed primitives", ["app", "kind"], registry=r)
+        self.engine_latency = Histogram(
+            "teola_engine_latency_seconds",
+            "Engine primitive run time",
+            ["app", "engine"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "teola_engine_batch_size",
+            "Batch size primitives ran in",
+            ["app", "engine"],
+            registry=r,
+            buckets=_BATCH_BUCKETS,
+        )
+        self.requests = Counter("teola_requests", "Requests", ["model", "endpoint", "status"], registry=r)
+        self.request_latency = Histogram(
+            "teola_request_latency_seconds",
+            "Request latency",
+            ["model", "endpoint"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.in_progress = Gauge("teola_requests_in_progress", "Requests running", ["model"], registry=r)
+        r.register(_QueueCollector(apps))
+        ProcessCollector(registry=r)
+
+    def hook(self, app: str) -> SpanRecorder:
+        return SpanRecorder(self, app)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

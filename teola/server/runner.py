@@ -1,0 +1,107 @@
+"""Running a server: in the foreground (`serve`, the CLI) or in a thread (`BackgroundServer`).
+
+Readiness is an event set when uvicorn has started listening, never a sleep or a poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from teola.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+from teola.server.apps import App, cwd_path, load_apps
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with a `ready` event, set once startup is over (failed or not)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
+class BackgroundServer:
+    """A server on its own event loop in a daemon thread; `start()` returns its base URL.
+
+    with BackgroundServer(create_app(apps)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="...")
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, **config: Any) -> None:
+        config.setdefault("log_level", "warning")
+        config.setdefault("access_log", False)
+        config.setdefault("timeout_graceful_shutdown", 5)
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.server = _Server(uvicorn.Config(app, lifespan="on", **config))
+        self._thread = threading.Thread(target=self._run, name=f"teola-server:{self.port}", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.server.serve(sockets=[self._sock]))
+        except BaseException as exc:  # kept for start()/stop() to re-raise in the caller's thread
+            self._error = exc
+            self.server.ready.set()
+
+    def start(self, timeout: float = 30.0) -> str:
+        self._thread.start()
+        if not self.server.ready.wait(timeout):
+            raise TimeoutError(f"server on {self.url} did not start within {timeout}s")
+        if not self.server.started:
+            raise RuntimeError(f"server on {self.url} failed to start") from self._error
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join()
+        self._sock.close()
+        if self._error is not None and not isinstance(self._error, SystemExit):
+            raise self._error
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def serve(
+    apps: Sequence[str | App] | Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    backend: str = "local",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+) -> None:
+    """Serve apps (specs `name=module:attr`, `App`s, or a {name: runnable} dict) until stopped."""
+    from teola.server.apps import wrap_app
+
+    if isinstance(apps, dict):
+        loaded = [wrap_app(name, obj, backend=backend) for name, obj in apps.items()]
+    else:
+        specs = [a for a in apps if isinstance(a, str)]
+        by_spec = iter(load_apps(specs, backend=backend, search_path=cwd_path()))
+        loaded = [next(by_spec) if isinstance(a, str) else a for a in apps]
+    app = create_app(loaded, api_key=api_key, max_body_bytes=max_body_bytes)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")).run()

@@ -1,0 +1,54 @@
+"""Server tests: a real uvicorn server on 127.0.0.1 (ephemeral port) per test module.
+
+Skipped as a whole when the `serve` extra (fastapi, uvicorn, openai, prometheus-client)
+or langchain-core is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+_NEEDED = ("fastapi", "uvicorn", "openai", "prometheus_client", "langchain_core", "httpx")
+if any(importlib.util.find_spec(m) is None for m in _NEEDED):
+    collect_ignore_glob = ["test_*.py"]
+
+API_KEY = "test-key"
+
+
+@dataclass
+class Served:
+    url: str
+    apps: dict[str, Any]
+    started: Any
+    cancelled: Any
+
+    def openai(self, **options: Any) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
+
+    def async_openai(self, **options: Any) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    from server_fakes import build_apps
+
+    from teola.server import BackgroundServer, create_app, wrap_app
+
+    built = build_apps()
+    apps = [wrap_app(name, app) for name, app in built["apps"].items()]
+    server = BackgroundServer(create_app(apps, api_key=API_KEY))
+    url = server.start()
+    try:
+        yield Served(url, built["apps"], built["started"], built["cancelled"])
+    finally:
+        server.stop()

@@ -1,0 +1,121 @@
+"""Deterministic apps for the server tests (served from `server_fakes:<name>`).
+
+`SlowEcho` answers as a pure function of its prompt after a small simulated latency, on
+the event loop (no threads), so the server's answer can be compared with calling the
+app directly and the load test exercises the shared runtime. `Blocking` streams one
+word then waits forever, reporting start and cancellation through threading events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import Runnable, RunnableLambda
+
+
+def reply(messages: list[BaseMessage]) -> str:
+    prompt = "\n".join(f"{m.type}: {m.text}" for m in messages)
+    digest = hashlib.sha256(prompt.encode()).hexdigest()[:8]
+    return f"[{digest}] you said {' '.join(prompt.split()[-4:])}"
+
+
+class SlowEcho(BaseChatModel):
+    """A chat model: deterministic answer, `delay` seconds of simulated latency."""
+
+    delay: float = 0.005
+
+    @property
+    def _llm_type(self) -> str:
+        return "slow-echo"
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: Any = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **_: Any,
+    ) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply(messages)))])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: Any = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **_: Any,
+    ) -> ChatResult:
+        await asyncio.sleep(self.delay)
+        return self._generate(messages)
+
+    def _stream(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        for i, word in enumerate(reply(messages).split(" ")):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=word if i == 0 else f" {word}"))
+
+    async def _astream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        await asyncio.sleep(self.delay)
+        for chunk in self._stream(messages):
+            await asyncio.sleep(0)
+            yield chunk
+
+
+class Blocking(BaseChatModel):
+    """Streams "hello", then waits until cancelled; `started`/`cancelled` are set on the way."""
+
+    started: Any = None
+    cancelled: Any = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "blocking"
+
+    def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("async only")
+
+    async def _wait(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
+        await self._wait()
+        raise AssertionError("unreachable")
+
+    async def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        yield ChatGenerationChunk(message=AIMessageChunk(content="hello"))
+        await self._wait()
+
+
+def _explode(value: Any) -> str:
+    raise ValueError(f"exploded on {value.to_string()[:20]!r}")
+
+
+def build_apps() -> dict[str, Any]:
+    """Fresh apps (and the blocking app's events) for one server."""
+    started, cancelled = threading.Event(), threading.Event()
+    question = ChatPromptTemplate.from_template("Answer briefly: {question}")
+    apps: dict[str, Runnable[Any, Any]] = {
+        "chain": question | SlowEcho() | StrOutputParser(),
+        "multi": ChatPromptTemplate.from_template("Context: {context}\nQ: {question}") | SlowEcho() | StrOutputParser(),
+        "raw": SlowEcho(),
+        "failing": question | RunnableLambda(_explode, name="explode"),
+        "blocking": question | Blocking(started=started, cancelled=cancelled) | StrOutputParser(),
+    }
+    return {"apps": apps, "started": started, "cancelled": cancelled}
+
+
+chain = ChatPromptTemplate.from_template("Answer briefly: {question}") | SlowEcho() | StrOutputParser()

@@ -1,0 +1,57 @@
+"""App specs, loading, input mapping and the `serve` command, without a server."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from teola.cli import main
+from teola.server.apps import App, AppSpec, LangChainApp, load_apps
+from teola.server.errors import APIError
+from teola.server.inputs import to_app_input
+
+
+def test_app_spec_names() -> None:
+    assert AppSpec.parse("pkg.mod:chain") == AppSpec("chain", "pkg.mod", "chain")
+    assert AppSpec.parse("qa=pkg.mod:holder.chain") == AppSpec("qa", "pkg.mod", "holder.chain")
+    with pytest.raises(ValueError, match="module:attr"):
+        AppSpec.parse("no_colon")
+
+
+def test_load_apps_wraps_runnables_and_rejects_duplicates() -> None:
+    (app,) = load_apps(["server_fakes:chain"])
+    assert isinstance(app, LangChainApp) and isinstance(app, App) and app.name == "chain"
+    assert app.runnable.invoke({"question": "hi"}) == app.runnable.original.invoke({"question": "hi"})
+    app.runnable.close()
+    with pytest.raises(ValueError, match="two apps are named"):
+        load_apps(["server_fakes:chain", "server_fakes:chain"])
+    with pytest.raises(ValueError, match="no attribute"):
+        load_apps(["server_fakes:missing"])
+
+
+class Two(BaseModel):
+    context: str
+    question: str
+
+
+class One(BaseModel):
+    question: str
+
+
+def test_input_mapping() -> None:
+    assert to_app_input(None, "text", "prompt", "m") == "text"
+    assert to_app_input(One, "text", "prompt", "m") == {"question": "text"}
+    assert to_app_input(Two, '{"context": "c", "question": "q"}', "prompt", "m") == {"context": "c", "question": "q"}
+    with pytest.raises(APIError, match="takes the variables context, question") as info:
+        to_app_input(Two, "plain", "messages.2.content", "m")
+    assert info.value.status == 400 and info.value.param == "messages.2.content"
+    with pytest.raises(APIError, match="context") as info:
+        to_app_input(Two, '{"question": "q"}', "prompt", "m")
+    assert info.value.param == "prompt:context"
+
+
+def test_serve_command_is_registered(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    assert "--api-key" in capsys.readouterr().out
