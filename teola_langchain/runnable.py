@@ -186,6 +186,19 @@ class TeolaRunnable(Runnable[Input, Output]):
         """Stop the event-loop thread of the sync methods (it restarts if used again)."""
         self._thread.close()
 
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The names of the engines the traced chain runs on."""
+        return tuple(sorted(self._engines.engines.engines))
+
+    def runtime_for_current_loop(self) -> Runtime:
+        """The runtime that serves async calls made on the running event loop.
+
+        One runtime per event loop (runtimes hold loop-bound futures); observers such
+        as a server's metrics attach their hooks to it.
+        """
+        return self._runtime()
+
     # -- execution -------------------------------------------------------------------
     def _runtime(self) -> Runtime:
         loop = asyncio.get_running_loop()

@@ -78,9 +78,7 @@ class LangChainApp:
             yield chunk
 
     def attach(self, hook: RuntimeHook) -> None:
-        # TeolaRunnable keeps one runtime per event loop and has no public accessor yet;
-        # `_runtime()` creates (or returns) the one of the running loop.
-        runtime = self.runnable._runtime()
+        runtime = self.runnable.runtime_for_current_loop()
         runtime.add_hook(hook)
         self._runtime = runtime
 
@@ -88,9 +86,8 @@ class LangChainApp:
         runtime = self._runtime
         if not isinstance(runtime, LocalRuntime):
             return {}  # the reference backend has no queues
-        # No public list of a runnable's engines yet: read the engine registry it traced into.
         depths = {}
-        for engine in sorted(self.runnable._engines.engines.engines):
+        for engine in self.runnable.engine_names:
             scheduler = runtime.scheduler(engine)
             depths[engine] = (scheduler.pending, len(scheduler.running))
         return depths

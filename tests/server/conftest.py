@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,30 +16,11 @@ _NEEDED = ("fastapi", "uvicorn", "openai", "prometheus_client", "langchain_core"
 if any(importlib.util.find_spec(m) is None for m in _NEEDED):
     collect_ignore_glob = ["test_*.py"]
 
-API_KEY = "test-key"
-
-
-@dataclass
-class Served:
-    url: str
-    apps: dict[str, Any]
-    started: Any
-    cancelled: Any
-
-    def openai(self, **options: Any) -> Any:
-        import openai
-
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
-
-    def async_openai(self, **options: Any) -> Any:
-        import openai
-
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
-
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
+def served() -> Iterator[Any]:
     from server_fakes import build_apps
+    from server_support import API_KEY, Served
 
     from teola.server import BackgroundServer, create_app, wrap_app
 

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from conftest import Served
+from server_support import Served
 
 QUESTIONS = ["what is teola", "why batch across requests", "how do cats sleep"]
 

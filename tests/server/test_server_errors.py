@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, Served
+from server_support import API_KEY, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GOOD = {"model": "chain", "messages": [{"role": "user", "content": "still there?"}]}

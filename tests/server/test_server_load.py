@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import Served
+from server_support import Served
 
 N_REQUESTS, N_CLIENTS = 200, 32
 RSS_GROWTH_BOUND = 64 << 20
