@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
 from teola_benchmarks.harness import BenchResult, bench
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.systems import SYSTEMS

@@ -20,7 +20,6 @@ from teola_adapters.simulated.paper_profiles import paper_engines
 from teola_benchmarks.stats import summarize
 from teola_benchmarks.systems import SYSTEMS, System
 from teola_benchmarks.workloads import Workload
-
 from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.passes import PassManager

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from teola_adapters.simulated.paper_profiles import paper_engines
 from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import Workload
-from teola_core.runtime.local import LocalRuntime
-
 from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
 from teola_core.runtime.base import PrimitiveSpan
+from teola_core.runtime.local import LocalRuntime
 
 
 @dataclass(frozen=True)

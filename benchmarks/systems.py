@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from teola_core.passes.pruning import DependencyPruning
-
 from teola_core.passes import default_passes
 from teola_core.passes.base import Pass
+from teola_core.passes.pruning import DependencyPruning
 
 # TO's pre-tuned fixed batch sizes (items for embed/ingest/search/rerank, sequences for the LLM).
 TO_MAX_BATCH = {"embedder": 64, "vectordb": 64, "reranker": 64, "llm": 32}

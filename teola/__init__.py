@@ -8,10 +8,14 @@ __version__ = "0.1.0"
 
 
 def optimize(runnable: Any, **options: Any) -> Any:
-    """A drop-in, optimized version of a LangChain runnable (see `teola_langchain.runnable`).
+    """A drop-in, optimized version of a LangChain runnable or a LlamaIndex object.
 
-    Needs the `langchain` extra: `pip install 'teola[langchain]'`.
+    LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LlamaIndex
+    `QueryPipeline`s and `RetrieverQueryEngine`s (recognised by their class's package):
+    see `teola_llamaindex` (extra `llamaindex`).
     """
+    if type(runnable).__module__.split(".")[0] == "llama_index":
+        return _optimize_llamaindex(runnable, **options)
     try:
         from teola_langchain.runnable import optimize as optimize_langchain
     except ModuleNotFoundError as exc:
@@ -21,6 +25,18 @@ def optimize(runnable: Any, **options: Any) -> Any:
             ) from exc
         raise
     return optimize_langchain(runnable, **options)
+
+
+def _optimize_llamaindex(obj: Any, **options: Any) -> Any:
+    try:
+        from teola_llamaindex import optimize as optimize_llamaindex
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "llama_index":
+            raise ModuleNotFoundError(
+                "teola.optimize needs llama-index-core: pip install 'teola[llamaindex]'", name=exc.name
+            ) from exc
+        raise
+    return optimize_llamaindex(obj, **options)
 
 
 __all__ = ["__version__", "optimize"]

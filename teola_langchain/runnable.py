@@ -60,12 +60,13 @@ from langchain_core.runnables.config import (
 from langchain_core.runnables.graph import Graph as LCGraph
 
 from teola_core.profiles.profile import LatencyProfile
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, make_runtime
 from teola_core.runtime.base import Runtime
+from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.context import ContextRegistry, QueryContext
 from teola_langchain.engines import EngineRegistry
 from teola_langchain.explain import mermaid, section
 from teola_langchain.models import streaming_split, streams_as_invoked
-from teola_langchain.runtime import BACKENDS, DEFAULT_BACKEND, LoopThread, make_runtime
 from teola_langchain.steps import run_graph
 from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
 

@@ -63,7 +63,6 @@ from typing import Any
 from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, common_prefix, decode_outputs, prompt_text, stop_list
 from teola_adapters._optional import MissingDependencyError, require
 from teola_adapters._profiles import ProfileSource, load_profile
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle

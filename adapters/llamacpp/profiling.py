@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from teola_adapters.llamacpp.engine import LlamaCppEngine
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node

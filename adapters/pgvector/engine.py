@@ -55,7 +55,6 @@ from typing import Any
 
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from teola_adapters.pgvector.engine import PgVectorStore
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind, spec_of
 from teola_core.ir.node import Node

@@ -23,7 +23,6 @@ from typing import Any
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_adapters.embeddings.engine import SentenceTransformerEmbedder
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind, spec_of
 from teola_core.ir.node import Node
@@ -205,7 +204,6 @@ async def measure_profile(
 ) -> LatencyProfile:
     """Measure the `rerank` curve (seconds for one query against n passages) and install it."""
     from teola_adapters.embeddings.engine import profile_texts
-
     from teola_core.profiles.profiler import profile_engine
 
     spec = spec_of(PrimitiveKind.RERANK)

@@ -16,7 +16,6 @@ import re
 from collections.abc import Sequence
 
 from teola_adapters.simulated.clock import EngineStats, SimClock, count_items, stable_hash
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.profiles.profile import LatencyProfile

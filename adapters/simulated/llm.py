@@ -45,7 +45,6 @@ from typing import Any
 
 from teola_adapters._llm import common_prefix, decode_outputs
 from teola_adapters.simulated.clock import SimClock, stable_hash
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle

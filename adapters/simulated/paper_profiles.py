@@ -50,7 +50,6 @@ from teola_adapters.simulated.embedding import SimEmbedder
 from teola_adapters.simulated.llm import Responder, SimLLM
 from teola_adapters.simulated.reranker import SimReranker
 from teola_adapters.simulated.vectordb import SimVectorDB
-
 from teola_core.engines.protocol import EngineSet
 from teola_core.profiles.profile import Curve, LatencyProfile
 

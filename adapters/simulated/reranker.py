@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 from teola_adapters.simulated.clock import EngineStats, SimClock, count_items, stable_hash
 from teola_adapters.simulated.embedding import words
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document, Scored

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from teola_benchmarks.workloads.common import FakeModel
-
 from teola_core.workflow import WorkflowTemplate
 
 

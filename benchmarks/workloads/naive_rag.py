@@ -18,7 +18,6 @@ from teola_benchmarks.workloads.common import (
     make_question,
     single,
 )
-
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType
 from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate

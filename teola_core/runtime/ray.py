@@ -2,7 +2,7 @@
 
 The scheduler state machines are the same objects as on the local backend, so batching
 spans every query exactly as it does locally and outputs are the same; what changes is
-where an engine's batch runs. Engines that are `teola_adapters.ray.RayEnginePool`s run
+where an engine's batch runs. Engines that are `teola_core.runtime.ray_pool.RayEnginePool`s run
 on their actors (several instances, each with its CPUs/GPUs, on any node); any other
 engine runs in the driver, as locally (useful for a thin HTTP client). Results come back
 as awaited ObjectRefs and streaming-generator items: nothing polls.

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 import pytest
+
 from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from teola_adapters.simulated import SimLLM, paper_engines, paper_profiles
 from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM
-
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.graph import Graph
 from teola_core.ir.split_units import Lines

@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 import pytest
+
 from teola_adapters.simulated import SimClock, SimEmbedder, SimReranker, SimVectorDB
 from teola_adapters.simulated.paper_profiles import EMBEDDER, RERANKER, VECTORDB
 from teola_adapters.simulated.vectordb import doc_id
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import MergeMode, PrimitiveKind, spec_of
 from teola_core.ir.node import Node

@@ -7,13 +7,13 @@ import json
 from itertools import pairwise
 
 import pytest
+
+from teola.cli import main
 from teola_benchmarks.harness import arrival_times, bench
 from teola_benchmarks.overhead import measure_overhead
 from teola_benchmarks.stats import percentile, summarize
 from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import WORKLOADS
-
-from teola.cli import main
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
 from teola_adapters.simulated import SimClock, SimEmbedder, SimLLM
 from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node

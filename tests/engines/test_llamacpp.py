@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from engine_testkit import node, run
-from teola_adapters.llamacpp import LlamaCppEngine, LlamaCppError, StateCache, default_model_path, measure_profile
 
+from teola_adapters.llamacpp import LlamaCppEngine, LlamaCppError, StateCache, default_model_path, measure_profile
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.split_units import Lines

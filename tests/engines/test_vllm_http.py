@@ -21,8 +21,8 @@ pytest.importorskip("respx")
 import httpx
 import respx
 from engine_testkit import node, run
-from teola_adapters.vllm_http import VLLMHTTPEngine, VLLMHTTPError
 
+from teola_adapters.vllm_http import VLLMHTTPEngine, VLLMHTTPError
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.split_units import Lines

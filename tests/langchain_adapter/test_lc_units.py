@@ -24,12 +24,12 @@ from teola_core.engines.protocol import Call, EngineSet
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
+from teola_core.runtime.backends import ReferenceRuntime
 from teola_langchain import LineListOutputParser
 from teola_langchain.context import ContextRegistry, QueryContext
 from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.parsers import ParserItems
 from teola_langchain.prompts import PromptPrefix, describe, render_prompt
-from teola_langchain.runtime import ReferenceRuntime
 
 PARSERS = [
     NumberedListOutputParser(),

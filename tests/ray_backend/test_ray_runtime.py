@@ -17,11 +17,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from ray_test_engines import Embedder, Gate, StatefulLLM, Zero  # noqa: E402
-from teola_adapters.ray import EngineActorError, EngineCopy, RayEnginePool, ray_engines  # noqa: E402
+
 from teola_adapters.simulated.paper_profiles import paper_engines  # noqa: E402
 from teola_benchmarks.systems import SYSTEMS  # noqa: E402
 from teola_benchmarks.workloads import WORKLOADS  # noqa: E402
-
 from teola_core.engines.protocol import EngineSet  # noqa: E402
 from teola_core.ir.builder import GraphBuilder  # noqa: E402
 from teola_core.ir.errors import PrimitiveError  # noqa: E402
@@ -33,6 +32,7 @@ from teola_core.passes.base import PassContext  # noqa: E402
 from teola_core.runtime.base import PrimitiveSpan, Runtime  # noqa: E402
 from teola_core.runtime.local import LocalRuntime  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
+from teola_core.runtime.ray_pool import EngineActorError, EngineCopy, RayEnginePool, ray_engines  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

@@ -47,18 +47,17 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from teola_adapters._optional import require
-
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
 from teola_core.profiles.profile import LatencyProfile
+from teola_core.runtime.ray import require_ray
 
 EngineFactory = Callable[[], Engine]
 
 
 def _ray() -> ModuleType:
-    return require("ray", "ray", "The Ray backend (teola_adapters.ray)")
+    return require_ray()
 
 
 class EngineActorError(RuntimeError):

@@ -1,15 +1,9 @@
-"""Where an optimized chain's graphs run: the runtime backend and the event-loop thread.
+"""An event loop in a daemon thread, for the sync methods of the drop-in objects.
 
-Backends (`make_runtime`): "local" (the default) is
-`teola_core.runtime.local.LocalRuntime`, the scheduled, batching runtime;
-"ray" (`teola_core.runtime.ray.RayRuntime`) runs each engine as a Ray actor;
-"reference" runs each query with `teola_core.runtime.reference.evaluate` (one
-primitive at a time; it defines what a graph computes), useful to check a result.
-
-Runtimes keep per-loop state (futures, queues), so an optimized runnable keeps one
-runtime per event loop: async calls run on the caller's loop (their user steps see the
-caller's loop, as in LangChain), sync calls on a loop the runnable owns in a daemon
-thread (`LoopThread`), so `invoke` works inside and outside a running event loop.
+Runtimes keep per-loop state (futures, queues), so an optimized object keeps one
+runtime per event loop: async calls run on the caller's loop, sync calls on a loop the
+object owns in a daemon thread (`LoopThread`), so a sync method works inside and
+outside a running event loop. Both framework adapters use it.
 """
 
 from __future__ import annotations
@@ -18,49 +12,10 @@ import asyncio
 import concurrent.futures
 import contextvars
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from teola_core.engines.protocol import EngineSet
-from teola_core.ir.graph import Graph
-from teola_core.runtime.base import Runtime, RuntimeHook
-from teola_core.runtime.reference import evaluate
-
 T = TypeVar("T")
-
-BACKENDS = ("reference", "local", "ray")
-DEFAULT_BACKEND = "local"
-
-
-class ReferenceRuntime(Runtime):
-    """The `Runtime` interface over the reference evaluator (no scheduling, no spans)."""
-
-    def __init__(self, engines: EngineSet) -> None:
-        self._engines = engines
-        self._hooks: list[RuntimeHook] = []
-
-    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
-        return await evaluate(graph, inputs, self._engines, query_id or "q0")
-
-    def add_hook(self, hook: RuntimeHook) -> None:
-        self._hooks.append(hook)
-
-
-def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology") -> Runtime:
-    """A fresh runtime of the named backend over `engines`."""
-    if backend == "reference":
-        return ReferenceRuntime(engines)
-    if backend == "local":
-        from teola_core.runtime.local import LocalRuntime
-
-        return LocalRuntime(engines, policy=policy)
-    if backend == "ray":  # each engine copied into one Ray actor; Ray connects as `RAY_ADDRESS` says
-        from teola_adapters.ray import ray_engines
-
-        from teola_core.runtime.ray import RayRuntime
-
-        return RayRuntime(lambda: ray_engines(engines), policy=policy, own_engines=True)
-    raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
 
 
 class LoopThread:
@@ -99,8 +54,8 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError(
-                f"a sync method of this optimized runnable was called from its own event loop ({self._name}); "
-                "await the async method (ainvoke, abatch, astream) there instead"
+                f"a sync method of this optimized object was called from its own event loop ({self._name}); "
+                "await its async counterpart (ainvoke, arun, aquery, ...) there instead"
             )
         context = contextvars.copy_context()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()

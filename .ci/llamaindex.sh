@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The LlamaIndex suites, one fresh venv per llama-index-core line (the two lines cannot
+# share an environment): 0.12.52.post1 (QueryPipeline + query engines) and 0.14.x (query
+# engines). Fails if pytest fails, or if a line ran fewer tests than it must (so a suite
+# that silently stopped being collected fails CI). Venvs go to $TEOLA_LI_VENVS (default:
+# a temporary folder, removed at exit).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PY="${TEOLA_LI_PYTHON:-$(command -v python3.11 || command -v python3)}"
+if [ -n "${TEOLA_LI_VENVS:-}" ]; then
+  BASE="$TEOLA_LI_VENVS"
+  mkdir -p "$BASE"
+else
+  BASE="$(mktemp -d)"
+  trap 'rm -rf "$BASE"' EXIT
+fi
+
+# line name, llama-index-core requirement, least passed tests, least passed QueryPipeline tests
+run_line() {
+  local name="$1" spec="$2" least="$3" least_pipeline="$4"
+  local venv="$BASE/venv-$name" report="$BASE/$name.xml"
+  echo "== llamaindex: $name ($spec)"
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "$spec" -e "$ROOT[dev]"
+  (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/llamaindex_adapter --junitxml="$report")
+  "$venv/bin/python" - "$report" "$least" "$least_pipeline" "$name" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+report, least, least_pipeline, name = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cases = list(ET.parse(report).iter("testcase"))
+passed = [c for c in cases if not any(child.tag in ("failure", "error", "skipped") for child in c)]
+pipeline = [c for c in passed if "test_li_pipeline" in c.get("classname", "")]
+print(f"== llamaindex: {name}: {len(passed)} passed ({len(pipeline)} QueryPipeline)")
+if len(passed) < least or len(pipeline) < least_pipeline:
+    sys.exit(f"{name}: expected at least {least} passed tests ({least_pipeline} QueryPipeline)")
+PY
+}
+
+run_line li012 "llama-index-core==0.12.52.post1" 50 30
+run_line li014 "llama-index-core>=0.14,<0.15" 15 0
+echo "== llamaindex: both lines passed"

@@ -1,0 +1,51 @@
+"""Choosing where an optimized app's graphs run, by name.
+
+Backends (`make_runtime`): "local" (the default) is
+`teola_core.runtime.local.LocalRuntime`, the scheduled, batching runtime; "ray"
+(`teola_core.runtime.ray.RayRuntime`) runs each engine as a pool of Ray actors;
+"reference" runs each query with `teola_core.runtime.reference.evaluate` (one
+primitive at a time; it defines what a graph computes), useful to check a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from teola_core.engines.protocol import EngineSet
+from teola_core.ir.graph import Graph
+from teola_core.runtime.base import Runtime, RuntimeHook
+from teola_core.runtime.reference import evaluate
+
+BACKENDS = ("reference", "local", "ray")
+DEFAULT_BACKEND = "local"
+
+
+class ReferenceRuntime(Runtime):
+    """The `Runtime` interface over the reference evaluator (no scheduling, no spans)."""
+
+    def __init__(self, engines: EngineSet) -> None:
+        self._engines = engines
+        self._hooks: list[RuntimeHook] = []
+
+    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
+        return await evaluate(graph, inputs, self._engines, query_id or "q0")
+
+    def add_hook(self, hook: RuntimeHook) -> None:
+        self._hooks.append(hook)
+
+
+def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology") -> Runtime:
+    """A fresh runtime of the named backend over `engines`."""
+    if backend == "reference":
+        return ReferenceRuntime(engines)
+    if backend == "local":
+        from teola_core.runtime.local import LocalRuntime
+
+        return LocalRuntime(engines, policy=policy)
+    if backend == "ray":  # each engine copied into one Ray actor; Ray connects as `RAY_ADDRESS` says
+        from teola_core.runtime.ray import RayRuntime
+        from teola_core.runtime.ray_pool import ray_engines
+
+        return RayRuntime(lambda: ray_engines(engines), policy=policy, own_engines=True)
+    raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")

@@ -1,0 +1,37 @@
+"""LlamaIndex adapter: run QueryPipelines and query engines as Teola graphs, same results.
+
+    from teola_llamaindex import optimize
+    fast = optimize(pipeline)                  # QueryPipeline (llama-index-core <= 0.12)
+    fast.run(input="...") == pipeline.run(input="...")
+    fast = optimize(index.as_query_engine())   # RetrieverQueryEngine (0.12 and 0.14)
+    str(fast.query("...")) == str(engine.query("..."))
+
+Needs `llama-index-core` (`pip install 'teola[llamaindex]'`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from teola_llamaindex.common import OpaqueModuleWarning
+from teola_llamaindex.query_engine import TeolaQueryEngine
+
+# QueryPipeline is gone from llama-index-core 0.13 on: there the executor is None.
+if importlib.util.find_spec("llama_index.core.query_pipeline") is not None:
+    from llama_index.core.query_pipeline import QueryPipeline
+
+    from teola_llamaindex.pipeline import TeolaQueryPipelineExecutor
+else:
+    QueryPipeline = None  # type: ignore[assignment,misc]
+    TeolaQueryPipelineExecutor = None  # type: ignore[assignment,misc]
+
+
+def optimize(obj: Any, **options: Any) -> Any:
+    """The Teola drop-in for a `QueryPipeline` or a `RetrieverQueryEngine`."""
+    if QueryPipeline is not None and isinstance(obj, QueryPipeline):
+        return TeolaQueryPipelineExecutor(obj, **options)
+    return TeolaQueryEngine(obj, **options)
+
+
+__all__ = ["OpaqueModuleWarning", "TeolaQueryEngine", "TeolaQueryPipelineExecutor", "optimize"]

@@ -1,0 +1,145 @@
+"""The user's own LlamaIndex components, run as Teola engines.
+
+One engine per component object (by identity), so every module and every concurrent
+query that uses it shares one engine scheduler; that is what lets calls batch.
+
+- `LlamaIndexLLMEngine`: prefill records the prompt (a LlamaIndex LLM has no prefill
+  API, so partial and full prefill are bookkeeping); decode calls
+  `llm.acomplete(prompt, formatted=True)`, what `LLMCompleteComponent` calls.
+- `LlamaIndexEmbeddingEngine`: EMBED over query bundles: the query embedding exactly as
+  `VectorIndexRetriever._aretrieve` computes it
+  (`embed_model.aget_agg_embedding_from_queries(bundle.embedding_strs)`), or the
+  bundle's own embedding, or None where the retriever would not embed.
+- `LlamaIndexRetrieverEngine`: SEARCH: `retriever.aretrieve(QueryBundle(query_str,
+  embedding=vector))`; with the embedding given, the retriever runs only its search
+  and node lookup, so EMBED + SEARCH equals `retriever.aretrieve(query)`.
+
+Models are always called through their async API (as the LangChain adapter does);
+user steps follow the caller (see `common.QueryContext`). Every engine returns one
+result per call; an exception fails that call only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.llms import LLM
+from llama_index.core.schema import QueryBundle
+
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
+from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
+from teola_core.ir.types import KVHandle
+
+
+def needs_embedding(retriever: Any) -> bool:
+    """`VectorIndexRetriever`'s own test (`_needs_embedding` from 0.13, the store flag before)."""
+    check = getattr(retriever, "_needs_embedding", None)
+    if callable(check):
+        return bool(check())
+    return bool(retriever._vector_store.is_embedding_query)
+
+
+class LlamaIndexLLMEngine(Engine):
+    """A LlamaIndex `LLM` (see the module docstring)."""
+
+    kinds = LLM_KINDS
+    limits = EngineLimits(concurrency=64)
+
+    def __init__(self, name: str, llm: LLM) -> None:
+        self.name = name
+        self.llm = llm
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        kind = call.node.kind
+        if kind in (PrimitiveKind.PREFILL, PrimitiveKind.FULL_PREFILL):
+            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
+        if kind == PrimitiveKind.PARTIAL_PREFILL:
+            return {"kv": KVHandle(self.name, call.inputs["prefix"])}
+        if kind == PrimitiveKind.DECODE:
+            kv = call.inputs["kv"]
+            if not isinstance(kv, KVHandle) or kv.engine != self.name:
+                raise TypeError(f"{call.node.describe()} got KV state {kv!r}, not one of {self.name}")
+            return {"text": await self.llm.acomplete(kv.prompt, formatted=True)}
+        raise TypeError(f"{self.name} cannot run {call.node.describe()}")
+
+
+class LlamaIndexEmbeddingEngine(Engine):
+    """Query embeddings of a retriever's embed model (see the module docstring)."""
+
+    kinds = frozenset({PrimitiveKind.EMBED})
+    limits = EngineLimits(concurrency=16)
+
+    def __init__(self, name: str, embed_model: BaseEmbedding) -> None:
+        self.name = name
+        self.embed_model = embed_model
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        needed = call.node.config["needs_embedding"]
+        return {"vectors": [await self._vector(b, needed) for b in call.inputs["texts"]]}
+
+    async def _vector(self, bundle: QueryBundle, needed: bool) -> Any:
+        if needed and bundle.embedding is None and len(bundle.embedding_strs) > 0:
+            return await self.embed_model.aget_agg_embedding_from_queries(bundle.embedding_strs)
+        return bundle.embedding
+
+
+class LlamaIndexRetrieverEngine(Engine):
+    """The search half of a `VectorIndexRetriever` (see the module docstring)."""
+
+    kinds = frozenset({PrimitiveKind.SEARCH})
+    limits = EngineLimits(concurrency=16)
+
+    def __init__(self, name: str, retriever: BaseRetriever) -> None:
+        self.name = name
+        self.retriever = retriever
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        bundles, vectors = call.inputs["index"], call.inputs["vectors"]
+        hits = [
+            await self.retriever.aretrieve(QueryBundle(query_str=b.query_str, embedding=v))
+            for b, v in zip(bundles, vectors, strict=True)
+        ]
+        return {"hits": hits}
+
+
+class EngineRegistry:
+    """One engine per component object, named after its class; builds the `EngineSet`."""
+
+    def __init__(self) -> None:
+        self.engines = EngineSet()
+        self._by_id: dict[tuple[str, int], tuple[object, str]] = {}
+
+    def llm(self, llm: LLM) -> str:
+        return self._get(llm, "llm", lambda name: LlamaIndexLLMEngine(name, llm))
+
+    def embedding(self, embed_model: BaseEmbedding) -> str:
+        return self._get(embed_model, "embed", lambda name: LlamaIndexEmbeddingEngine(name, embed_model))
+
+    def retriever(self, retriever: BaseRetriever) -> str:
+        return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
+
+    def _get(self, component: object, prefix: str, make: Callable[[str], Engine]) -> str:
+        known = self._by_id.get((prefix, id(component)))
+        if known is not None and known[0] is component:
+            return known[1]
+        base = f"{prefix}:{type(component).__name__}"
+        name, n = base, 1
+        while name in self.engines:
+            n += 1
+            name = f"{base}#{n}"
+        self.engines.add(make(name), name)
+        self._by_id[(prefix, id(component))] = (component, name)
+        return name

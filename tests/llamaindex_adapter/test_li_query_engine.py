@@ -1,0 +1,137 @@
+"""RetrieverQueryEngine through Teola (llama-index-core 0.12 and 0.14): same answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from li_fakes import TEXTS, make_index, make_llm
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.postprocessor import SimilarityPostprocessor
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.response_synthesizers import get_response_synthesizer
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+import teola
+from teola_core.ir.kinds import PrimitiveKind
+from teola_llamaindex import TeolaQueryEngine
+
+INDEX = make_index()
+
+
+class KeywordRetriever(BaseRetriever):
+    """A retriever Teola does not decompose (runs as one call)."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        words = set(query_bundle.query_str.lower().split())
+        hits = [t for t in TEXTS if words & set(t.lower().split())]
+        return [NodeWithScore(node=TextNode(text=t, id_=f"k{i}"), score=1.0) for i, t in enumerate(hits)]
+
+
+def _engine(**kwargs: Any) -> Callable[[], RetrieverQueryEngine]:
+    def build() -> RetrieverQueryEngine:
+        return INDEX.as_query_engine(llm=make_llm(max_tokens=None), **kwargs)
+
+    return build
+
+
+def _keyword() -> RetrieverQueryEngine:
+    return RetrieverQueryEngine.from_args(KeywordRetriever(), llm=make_llm(max_tokens=None))
+
+
+def _postprocessed() -> RetrieverQueryEngine:
+    return RetrieverQueryEngine(
+        retriever=INDEX.as_retriever(similarity_top_k=4),
+        response_synthesizer=get_response_synthesizer(llm=make_llm(max_tokens=None), response_mode="refine"),
+        node_postprocessors=[SimilarityPostprocessor(similarity_cutoff=0.5)],
+    )
+
+
+SHAPES: dict[str, Callable[[], RetrieverQueryEngine]] = {
+    "default-compact": _engine(),
+    "refine": _engine(response_mode="refine", similarity_top_k=3),
+    "tree-summarize": _engine(response_mode="tree_summarize"),
+    "top-k-1": _engine(similarity_top_k=1),
+    "simple-summarize": _engine(response_mode="simple_summarize"),
+    "postprocessor-refine": _postprocessed,
+    "opaque-retriever": _keyword,
+}
+
+
+def _same(a: Any, b: Any) -> None:
+    assert str(a) == str(b)
+    assert [(n.node.node_id, n.score) for n in a.source_nodes] == [(n.node.node_id, n.score) for n in b.source_nodes]
+    assert a.metadata == b.metadata
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("query", ["what do cats do?", "refine mode chunk"])
+def test_query_equal_sync_and_async(shape: str, query: str) -> None:
+    engine = SHAPES[shape]()
+    fast = teola.optimize(engine)
+    assert isinstance(fast, TeolaQueryEngine)
+    expected = engine.query(query)
+    _same(fast.query(query), expected)
+    _same(asyncio.run(fast.aquery(query)), expected)
+    _same(asyncio.run(engine.aquery(query)), expected)
+    fast.close()
+
+
+def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex() -> None:
+    engine = _engine()()
+    fast = TeolaQueryEngine(engine)
+    ours, theirs = QueryBundle("dogs"), QueryBundle("dogs")
+    _same(fast.query(ours), engine.query(theirs))
+    assert ours.embedding == theirs.embedding and ours.embedding is not None
+
+
+def test_vector_retrieval_is_decomposed() -> None:
+    fast = TeolaQueryEngine(_engine()())
+    kinds = [n.kind for n in fast.pgraph.nodes.values()]
+    assert PrimitiveKind.EMBED in kinds and PrimitiveKind.SEARCH in kinds
+
+
+def test_concurrent_queries_batch_embeddings() -> None:
+    engine = _engine()()
+    fast = TeolaQueryEngine(engine)
+    sizes: list[int] = []
+
+    class Hook:
+        def on_span(self, span: Any) -> None:
+            if span.node.kind == PrimitiveKind.EMBED:
+                sizes.append(span.batch_size)
+
+    async def main() -> list[Any]:
+        fast._runtime().add_hook(Hook())
+        return await asyncio.gather(*(fast.aquery(f"question {i}") for i in range(5)))
+
+    for got, i in zip(asyncio.run(main()), range(5), strict=True):
+        _same(got, engine.query(f"question {i}"))
+    assert max(sizes) > 1
+
+
+def test_synthesizer_error_is_the_users_exception() -> None:
+    class Boom(SimilarityPostprocessor):
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None) -> Any:
+            raise RuntimeError("boom")
+
+    engine = RetrieverQueryEngine.from_args(
+        INDEX.as_retriever(), llm=make_llm(max_tokens=None), node_postprocessors=[Boom()]
+    )
+    fast = TeolaQueryEngine(engine)
+    with pytest.raises(RuntimeError, match="boom") as info:
+        fast.query("x")
+    assert any("postprocessor0:Boom" in note for note in info.value.__notes__)
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(fast.aquery("x"))
+
+
+def test_subclass_is_rejected() -> None:
+    class Custom(RetrieverQueryEngine):
+        pass
+
+    engine = Custom(retriever=INDEX.as_retriever(), response_synthesizer=get_response_synthesizer(llm=make_llm()))
+    with pytest.raises(TypeError, match="Custom"):
+        TeolaQueryEngine(engine)
