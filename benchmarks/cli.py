@@ -15,23 +15,50 @@ from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import WORKLOADS
 
+# The examples `--langchain` accepts (kept here so the parser needs no LangChain import).
+LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "rerank_rag", "assign_pipeline")
+
 
 def add_bench_command(commands: Any) -> None:
     p = commands.add_parser("bench", help="compare Teola with the paper's baselines on simulated engines")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag")
     p.add_argument("--rate", type=float, default=0.5, help="Poisson arrival rate, queries per second")
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
-    p.add_argument("--queries", type=int, default=40)
-    p.add_argument("--time-scale", type=float, default=0.1, help="multiplies every simulated latency")
+    p.add_argument("--queries", type=int, default=None, help="queries per system (default 40; 16 with --langchain)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
+    )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
+    p.add_argument(
+        "--langchain",
+        choices=LANGCHAIN_EXAMPLES,
+        default=None,
+        metavar="EXAMPLE",
+        help=f"an example LangChain chain, plain vs teola.optimize, on simulated OpenAI-compatible servers "
+        f"({', '.join(LANGCHAIN_EXAMPLES)}); with --overhead: invoke on zero-latency fakes",
+    )
+    p.add_argument("--concurrency", type=int, default=4, help="--langchain: queries in flight")
+    p.add_argument(
+        "--batching",
+        choices=("dynamic", "request"),
+        default="dynamic",
+        help="--langchain: how the embedding/rerank servers batch concurrent requests",
+    )
     p.set_defaults(handler=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.langchain:
+        return run_langchain_bench(args)
+    args.queries = 40 if args.queries is None else args.queries
+    args.time_scale = 0.1 if args.time_scale is None else args.time_scale
     workload = WORKLOADS[args.workload]
     if args.overhead:
         pin_to_one_core()
@@ -77,6 +104,47 @@ def run_bench(args: argparse.Namespace) -> int:
         plot_sweep(results, args.plot)
         if not args.json:
             print(f"wrote {args.plot}")
+    return 0
+
+
+def run_langchain_bench(args: argparse.Namespace) -> int:
+    """`--langchain EXAMPLE`: needs langchain-openai, fastapi and uvicorn (imported only here)."""
+    from teola_benchmarks.langchain.bench import bench_langchain, overhead_langchain
+
+    if args.overhead:
+        overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
+        if args.json:
+            print(json.dumps(overhead.to_json()))
+        else:
+            print(
+                f"{overhead.example}: invoke {overhead.langchain_s * 1e3:.2f} ms (langchain) vs "
+                f"{overhead.teola_s * 1e3:.2f} ms (teola) on zero-latency fakes: {overhead.ratio:.2f}x"
+            )
+        return 0
+    time_scale = 0.5 if args.time_scale is None else args.time_scale
+    if time_scale <= 0:
+        raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency fakes)")
+    result = bench_langchain(
+        args.langchain,
+        queries=args.queries or 16,
+        concurrency=args.concurrency,
+        time_scale=time_scale,
+        batching=args.batching,
+    )
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    table = Table(
+        title=f"{result.example}: {result.queries} queries, concurrency {result.concurrency}, "
+        f"time scale {result.time_scale}, {result.batching} batching"
+    )
+    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
+        table.add_column(column, justify="right" if column != "system" else "left")
+    speedups = result.speedups()
+    for name, s in result.summary().items():
+        ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
+        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
+    Console().print(table)
     return 0
 
 

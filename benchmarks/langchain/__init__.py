@@ -1,0 +1,1 @@
+"""LangChain benchmarks: example chains on simulated OpenAI-compatible servers, plain vs `teola.optimize`."""

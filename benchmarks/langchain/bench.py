@@ -1,0 +1,224 @@
+"""`teola bench --langchain EXAMPLE`: an example chain, plain LangChain vs `teola.optimize`.
+
+Latency mode: one set of simulated servers (`servers.SimServers`), one chain object,
+the same inputs for every system, run one system after the other:
+
+- `langchain`: `chain.ainvoke` per query, `concurrency` queries in flight (a closed
+  loop: a worker starts the next query when its last one returns);
+- `langchain_abatch`: `chain.abatch` on `concurrency` queries at a time (each query's
+  latency is its batch call's, which is when the caller gets it);
+- `teola`: `teola.optimize(chain, **example options)`, driven like `langchain`.
+
+Before each system the servers' prefix cache is emptied and one warm-up query (not
+among the measured ones) runs, so no system profits from another's cache or
+connections. Every system's answers must equal LangChain's (else `AnswerMismatch`).
+
+Overhead mode: the same chain on zero-latency in-process fakes (`fakes.py`),
+`optimize(chain).invoke` against `chain.invoke`, sequentially, alternating rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import httpx
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.runnables import Runnable
+
+import teola
+from teola_benchmarks.cli import LANGCHAIN_EXAMPLES as EXAMPLES
+from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
+from teola_benchmarks.langchain.servers import Batching, SimServers
+from teola_benchmarks.stats import summarize
+
+SYSTEMS = ("langchain", "langchain_abatch", "teola")
+
+
+class AnswerMismatch(AssertionError):
+    """A system's answer differs from LangChain's for the same input."""
+
+
+def example_module(name: str) -> ModuleType:
+    if name not in EXAMPLES:
+        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
+    return importlib.import_module(f"teola_examples.{name}")
+
+
+@dataclass
+class LangChainBenchResult:
+    example: str
+    queries: int
+    concurrency: int
+    time_scale: float
+    batching: str
+    latencies: dict[str, list[float]]
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {name: summarize(values) for name, values in self.latencies.items()}
+
+    def speedups(self) -> dict[str, float]:
+        """Mean latency of each LangChain system divided by Teola's (> 1: Teola is faster)."""
+        s = self.summary()
+        return {name: s[name]["mean_s"] / s["teola"]["mean_s"] for name in s if name != "teola"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "queries": self.queries,
+            "concurrency": self.concurrency,
+            "time_scale": self.time_scale,
+            "batching": self.batching,
+            "systems": self.summary(),
+            "speedup_vs": self.speedups(),
+            "server": self.server,
+        }
+
+
+def bench_langchain(
+    example: str,
+    *,
+    queries: int = 16,
+    concurrency: int = 4,
+    time_scale: float = 0.5,
+    batching: Batching = "dynamic",
+    options: dict[str, Any] | None = None,
+) -> LangChainBenchResult:
+    """Run the three systems on one example against one set of servers (see the module docstring)."""
+    if queries < 1 or concurrency < 1:
+        raise ValueError("queries and concurrency must be >= 1")
+    module = example_module(example)
+    from teola_examples.common import HTTPReranker, corpus, openai_models
+
+    inputs = module.inputs(queries + 1)
+    warmup, measured = inputs[0], inputs[1:]
+    with SimServers(time_scale=time_scale, batching=batching) as servers:
+        llm, embeddings = openai_models(servers.base_url)
+        chain = module.build_chain(llm, embeddings, corpus=corpus(), reranker=HTTPReranker(servers.base_url))
+        fast = teola.optimize(chain, **{**module.OPTIMIZE_OPTIONS, **(options or {})})
+        try:
+            latencies, answers = asyncio.run(_measure(chain, fast, warmup, measured, concurrency, servers.root_url))
+        finally:
+            fast.close()
+    b = servers.backend
+    _check_equal(example, measured, answers)
+    server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
+    return LangChainBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
+
+
+async def _measure(
+    chain: Runnable[Any, Any],
+    fast: Runnable[Any, Any],
+    warmup: Any,
+    inputs: Sequence[Any],
+    concurrency: int,
+    root_url: str,
+) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
+    latencies: dict[str, list[float]] = {}
+    answers: dict[str, list[Any]] = {}
+    runs: dict[str, Callable[[], Awaitable[tuple[list[float], list[Any]]]]] = {
+        "langchain": lambda: _closed_loop(chain, inputs, concurrency),
+        "langchain_abatch": lambda: _batches(chain, inputs, concurrency),
+        "teola": lambda: _closed_loop(fast, inputs, concurrency),
+    }
+    async with httpx.AsyncClient() as admin:
+        for name, run in runs.items():
+            await (fast if name == "teola" else chain).ainvoke(warmup)
+            (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
+            latencies[name], answers[name] = await run()
+    return latencies, answers
+
+
+async def _closed_loop(
+    runnable: Runnable[Any, Any], inputs: Sequence[Any], concurrency: int
+) -> tuple[list[float], list[Any]]:
+    """`concurrency` workers, each running the next query when its last one returned."""
+    latencies = [0.0] * len(inputs)
+    outputs: list[Any] = [None] * len(inputs)
+    pending = iter(range(len(inputs)))
+
+    async def worker() -> None:
+        for i in pending:
+            began = time.perf_counter()
+            outputs[i] = await runnable.ainvoke(inputs[i])
+            latencies[i] = time.perf_counter() - began
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
+    return latencies, outputs
+
+
+async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: int) -> tuple[list[float], list[Any]]:
+    """`abatch` on `size` queries at a time; each query's latency is its batch call's."""
+    latencies: list[float] = []
+    outputs: list[Any] = []
+    for start in range(0, len(inputs), size):
+        chunk = list(inputs[start : start + size])
+        began = time.perf_counter()
+        outputs.extend(await runnable.abatch(chunk))
+        latencies.extend([time.perf_counter() - began] * len(chunk))
+    return latencies, outputs
+
+
+def _check_equal(example: str, inputs: Sequence[Any], answers: dict[str, list[Any]]) -> None:
+    reference = answers["langchain"]
+    for name, got in answers.items():
+        for x, want, have in zip(inputs, reference, got, strict=True):
+            if want != have:
+                raise AnswerMismatch(f"{example}: {name} answered {have!r} where langchain answered {want!r} for {x!r}")
+
+
+@dataclass(frozen=True)
+class LangChainOverhead:
+    example: str
+    queries: int
+    rounds: int
+    langchain_s: float  # mean seconds per invoke
+    teola_s: float
+
+    @property
+    def ratio(self) -> float:
+        """Teola's time per invoke over LangChain's (<= 1.2 is the target)."""
+        return self.teola_s / self.langchain_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "mode": "overhead",
+            "queries": self.queries,
+            "rounds": self.rounds,
+            "systems": {"langchain": {"mean_s": self.langchain_s}, "teola": {"mean_s": self.teola_s}},
+            "ratio": self.ratio,
+        }
+
+
+def overhead_langchain(example: str, *, queries: int = 20, rounds: int = 5) -> LangChainOverhead:
+    """`optimize(chain).invoke` vs `chain.invoke` on zero-latency fakes, sequential calls."""
+    module = example_module(example)
+    from teola_examples.common import corpus
+
+    chain = module.build_chain(
+        ResponderChat(), DeterministicFakeEmbedding(size=64), corpus=corpus(), reranker=LocalReranker()
+    )
+    fast = teola.optimize(chain, **module.OPTIMIZE_OPTIONS)
+    inputs = module.inputs(queries)
+    try:
+        for x in inputs[:2]:  # warm-up: first-call costs (thread start, imports) are not per-call overhead
+            if chain.invoke(x) != fast.invoke(x):
+                raise AnswerMismatch(f"{example}: teola and langchain differ on {x!r}")
+        totals = {"langchain": 0.0, "teola": 0.0}
+        for _ in range(rounds):
+            for name, runnable in (("langchain", chain), ("teola", fast)):
+                began = time.perf_counter()
+                for x in inputs:
+                    runnable.invoke(x)
+                totals[name] += time.perf_counter() - began
+    finally:
+        fast.close()
+    n = queries * rounds
+    return LangChainOverhead(example, queries, rounds, totals["langchain"] / n, totals["teola"] / n)

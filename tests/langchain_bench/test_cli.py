@@ -1,0 +1,53 @@
+"""`teola bench --langchain`: the JSON shapes, and a mismatch between systems is an error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from teola.cli import main
+from teola_benchmarks.langchain.bench import SYSTEMS, AnswerMismatch, _check_equal
+
+
+def test_langchain_bench_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "bench",
+        "--langchain",
+        "naive_rag",
+        "--json",
+        "--queries",
+        "3",
+        "--concurrency",
+        "2",
+        "--time-scale",
+        "0.01",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["example"] == "naive_rag"
+    assert set(out["systems"]) == set(SYSTEMS)
+    for stats in out["systems"].values():
+        assert set(stats) == {"mean_s", "p50_s", "p99_s"}
+        assert all(v > 0 for v in stats.values())
+    assert set(out["speedup_vs"]) == {"langchain", "langchain_abatch"}
+    assert (out["queries"], out["concurrency"], out["time_scale"]) == (3, 2, 0.01)
+
+
+def test_langchain_overhead_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--langchain", "assign_pipeline", "--overhead", "--json", "--queries", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "overhead"
+    assert set(out["systems"]) == {"langchain", "teola"}
+    assert out["ratio"] == pytest.approx(out["systems"]["teola"]["mean_s"] / out["systems"]["langchain"]["mean_s"])
+
+
+def test_unequal_answers_raise() -> None:
+    answers = {"langchain": ["a", "b"], "langchain_abatch": ["a", "b"], "teola": ["a", "c"]}
+    with pytest.raises(AnswerMismatch, match="teola answered 'c'"):
+        _check_equal("x", [{"q": 1}, {"q": 2}], answers)
+
+
+def test_unknown_example_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--langchain", "nope"])

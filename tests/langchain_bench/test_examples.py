@@ -1,0 +1,102 @@
+"""Every example chain gives the same answers plain and optimized, against the servers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import teola
+from teola_benchmarks.langchain.bench import EXAMPLES, example_module
+from teola_benchmarks.langchain.servers import SimServers
+from teola_examples.common import HTTPReranker, corpus, openai_models
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_equal_plain_and_optimized(servers: SimServers, name: str) -> None:
+    module = example_module(name)
+    llm, embeddings = openai_models(servers.base_url)
+    chain = module.build_chain(llm, embeddings, corpus=corpus(16), reranker=HTTPReranker(servers.base_url))
+    fast = teola.optimize(chain, **module.OPTIMIZE_OPTIONS)
+    inputs = module.inputs(3)
+
+    async def run() -> tuple[list[Any], list[Any], list[Any]]:
+        plain = [await chain.ainvoke(x) for x in inputs]
+        concurrent = await asyncio.gather(*(fast.ainvoke(x) for x in inputs))
+        batched = await fast.abatch(inputs)
+        return plain, list(concurrent), batched
+
+    try:
+        plain, concurrent, batched = asyncio.run(run())
+    finally:
+        fast.close()
+    assert all(isinstance(a, str) and a for a in plain)
+    assert concurrent == plain
+    assert batched == plain
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_sync_invoke_equal(servers: SimServers, name: str) -> None:
+    module = example_module(name)
+    llm, embeddings = openai_models(servers.base_url)
+    chain = module.build_chain(llm, embeddings, corpus=corpus(16), reranker=HTTPReranker(servers.base_url))
+    fast = teola.optimize(chain, **module.OPTIMIZE_OPTIONS)
+    try:
+        for x in module.inputs(2):
+            assert fast.invoke(x) == chain.invoke(x)
+    finally:
+        fast.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="known limitation: the optimized invoke calls models and embeddings through their async API on "
+    "its own loop thread; langchain-openai's process-wide cached async client, last used under a closed "
+    "asyncio.run loop, then fails with 'Event loop is closed' where plain chain.invoke (sync client) works",
+)
+def test_sync_invoke_after_asyncio_run(servers: SimServers) -> None:
+    module = example_module("naive_rag")
+    llm, embeddings = openai_models(servers.base_url)
+    chain = module.build_chain(llm, embeddings, corpus=corpus(16))
+    fast = teola.optimize(chain)
+    x = module.inputs(1)[0]
+    try:
+        want = asyncio.run(chain.ainvoke(x))
+        assert fast.invoke(x) == want
+    finally:
+        fast.close()
+
+
+def test_multi_query_expansion_is_pipelined() -> None:
+    """The expansion's lines reach retrieval as items (the decode-pipelining pass applied)."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from teola_benchmarks.langchain.fakes import ResponderChat
+
+    module = example_module("multi_query_rag")
+    chain = module.build_chain(ResponderChat(), DeterministicFakeEmbedding(size=16), corpus=corpus(8))
+    fast = teola.optimize(chain, **module.OPTIMIZE_OPTIONS)
+    assert "decode-pipelining" in "\n".join(fast.plan.main.passes)
+
+
+def test_assign_steps_are_independent_in_the_graph() -> None:
+    """The three analyses read only the input: no decode is upstream of another's prefill but the brief's."""
+    import networkx as nx
+
+    from teola_benchmarks.langchain.fakes import ResponderChat
+
+    module = example_module("assign_pipeline")
+    fast = teola.optimize(module.build_chain(ResponderChat()))
+    graph = fast.plan.main.graph
+    g = graph.to_networkx()
+    kinds = {n.id: n.kind.value for n in _nodes(graph)}
+    decodes = {i for i, k in kinds.items() if k == "decode"}
+    upstream = {i: nx.ancestors(g, i) & decodes for i, k in kinds.items() if k == "prefill"}
+    assert sorted(len(u) for u in upstream.values()) == [0, 0, 0, 3]
+
+
+def _nodes(graph: Any) -> list[Any]:
+    nodes = graph.nodes
+    return list(nodes.values()) if isinstance(nodes, dict) else list(nodes)

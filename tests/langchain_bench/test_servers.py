@@ -1,0 +1,96 @@
+"""The simulated servers answer the openai client as an OpenAI-compatible server does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from teola_benchmarks.langchain.servers import ExampleResponder, SimServers, messages_to_prompt
+
+MESSAGES = [
+    {"role": "system", "content": "You help search."},
+    {"role": "user", "content": "Write 3 search queries, one per line, for the question below.\nQuestion: why?"},
+]
+
+
+def test_chat_completion_follows_the_responder(servers: SimServers) -> None:
+    client = OpenAI(base_url=servers.base_url, api_key="x")
+    r = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=100)  # type: ignore[arg-type]
+    text = r.choices[0].message.content
+    assert text == ExampleResponder()(messages_to_prompt(MESSAGES), 100)
+    assert text is not None and len(text.split("\n")) == 3
+    assert r.usage is not None and r.usage.completion_tokens == len(text.split())
+
+
+def test_chat_stream_adds_up_to_the_completion(servers: SimServers) -> None:
+    client = OpenAI(base_url=servers.base_url, api_key="x")
+    whole = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=100)  # type: ignore[arg-type]
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=100,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len(deltas) > 3  # token by token, not one chunk
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_completions_and_max_tokens(servers: SimServers) -> None:
+    client = OpenAI(base_url=servers.base_url, api_key="x")
+    r = client.completions.create(model="m", prompt="Say hello in about 20 words.", max_tokens=5)
+    assert len(r.choices[0].text.split()) == 5
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="m", prompt="Say hello in about 20 words.", max_tokens=5, stream=True)
+    )
+    assert streamed == r.choices[0].text
+
+
+def test_embeddings_float_and_base64_agree(servers: SimServers) -> None:
+    client = OpenAI(base_url=servers.base_url, api_key="x")
+    texts = ["alpha beta gamma", "river market", ""]
+    as_b64 = client.embeddings.create(model="e", input=texts)  # the client asks for base64 by default
+    as_float = client.embeddings.create(model="e", input=texts, encoding_format="float")
+    assert [d.index for d in as_float.data] == [0, 1, 2]
+    for a, b in zip(as_b64.data, as_float.data, strict=True):
+        assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
+    one = client.embeddings.create(model="e", input=texts[1], encoding_format="float")
+    assert one.data[0].embedding == as_float.data[1].embedding  # batch-invariant
+
+
+def test_rerank_orders_by_relevance(servers: SimServers) -> None:
+    body = {"query": "river market", "documents": ["alpha beta", "river market policy", "market"], "top_n": 2}
+    r = httpx.post(f"{servers.base_url}/rerank", json=body)
+    r.raise_for_status()
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == [1, 2]
+    assert results[0]["relevance_score"] >= results[1]["relevance_score"]
+
+
+@pytest.mark.parametrize("batching", ["dynamic", "request"])
+def test_embedding_batching_modes(batching: str) -> None:
+    async def burst(base_url: str) -> None:
+        client = AsyncOpenAI(base_url=base_url, api_key="x")
+        await asyncio.gather(*(client.embeddings.create(model="e", input=[f"text {i}"]) for i in range(8)))
+
+    with SimServers(time_scale=0.05, batching=batching) as s:  # type: ignore[arg-type]
+        asyncio.run(burst(s.base_url))
+    sizes = s.backend.embed_batch_sizes
+    assert sum(sizes) == 8
+    if batching == "request":
+        assert sizes == [1] * 8
+    else:
+        assert max(sizes) > 1  # requests that waited for the busy instance were merged
+
+
+def test_unknown_batching_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="batching"):
+        SimServers(batching="greedy")  # type: ignore[arg-type]
