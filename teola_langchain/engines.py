@@ -36,28 +36,17 @@ from langchain_core.language_models import BaseLanguageModel
 from langchain_core.messages import BaseMessage
 from langchain_core.vectorstores import VectorStore
 
+from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
 from teola_core.ir.kinds import PrimitiveKind
-from teola_core.ir.types import KVHandle
 from teola_langchain.context import ContextRegistry
 from teola_langchain.parsers import ParserItems, output_text
 from teola_langchain.retrievers import batchable_embeddings
 
-_LLM_KINDS = frozenset(
-    {
-        PrimitiveKind.PREFILL,
-        PrimitiveKind.PARTIAL_PREFILL,
-        PrimitiveKind.FULL_PREFILL,
-        PrimitiveKind.DECODE,
-        PrimitiveKind.PARTIAL_DECODE,
-    }
-)
 
-
-class LangChainLLMEngine(Engine):
+class LangChainLLMEngine(OpaqueModelEngine):
     """A LangChain chat model or LLM (see the module docstring)."""
 
-    kinds = _LLM_KINDS
     limits = EngineLimits(concurrency=64, max_batch_items=1)  # one call per batch: see the module docstring
 
     def __init__(self, name: str, model: BaseLanguageModel[Any], contexts: ContextRegistry) -> None:
@@ -65,38 +54,21 @@ class LangChainLLMEngine(Engine):
         self.model = model
         self._contexts = contexts
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+    async def generate(self, call: Call, prompt: Any) -> Any:
+        return await self._runnable(call).ainvoke(prompt, self._config(call))
 
-    async def _one(self, call: Call) -> dict[str, Any]:
-        kind = call.node.kind
-        if kind == PrimitiveKind.PREFILL:
-            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
-        if kind == PrimitiveKind.PARTIAL_PREFILL:
-            return {"kv": KVHandle(self.name, call.inputs["prefix"])}
-        if kind == PrimitiveKind.FULL_PREFILL:
-            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
-        if kind == PrimitiveKind.DECODE:
-            output = await self._runnable(call).ainvoke(self._prompt(call), self._config(call))
-            outputs: dict[str, Any] = {"text": output}
-            unit = call.node.config.get("split_unit")
-            if unit is not None:
-                outputs["items"] = unit.parse_output(output) if isinstance(unit, ParserItems) else unit.parse(output)
-            return outputs
-        raise TypeError(f"{self.name} cannot run {call.node.describe()}")
+    def decode_outputs(self, call: Call, output: Any) -> dict[str, Any]:
+        unit = call.node.config.get("split_unit")
+        if isinstance(unit, ParserItems):  # the parser's own result from the model output
+            return {"text": output, "items": unit.parse_output(output)}
+        return super().decode_outputs(call, output)
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
-        async for chunk in self._runnable(call).astream(self._prompt(call), self._config(call)):
+        async for chunk in self._runnable(call).astream(self.prompt_of(call), self._config(call)):
             yield output_text(chunk) if isinstance(chunk, BaseMessage) else chunk
 
     def _runnable(self, call: Call) -> Any:
         return call.node.config.get("runnable", self.model)
-
-    def _prompt(self, call: Call) -> Any:
-        kv = call.inputs["kv"]
-        if not isinstance(kv, KVHandle) or kv.engine != self.name:
-            raise TypeError(f"{call.node.describe()} got KV state {kv!r}, not one of {self.name}")
-        return kv.prompt
 
     def _config(self, call: Call) -> Any:
         return self._contexts[call.query_id].step_config(call.node.config.get("bound_config", ()))

@@ -30,9 +30,9 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.schema import QueryBundle
 
+from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
-from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
-from teola_core.ir.types import KVHandle
+from teola_core.ir.kinds import PrimitiveKind
 
 
 def needs_embedding(retriever: Any) -> bool:
@@ -43,31 +43,15 @@ def needs_embedding(retriever: Any) -> bool:
     return bool(retriever._vector_store.is_embedding_query)
 
 
-class LlamaIndexLLMEngine(Engine):
+class LlamaIndexLLMEngine(OpaqueModelEngine):
     """A LlamaIndex `LLM` (see the module docstring)."""
-
-    kinds = LLM_KINDS
-    limits = EngineLimits(concurrency=64)
 
     def __init__(self, name: str, llm: LLM) -> None:
         self.name = name
         self.llm = llm
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
-        kind = call.node.kind
-        if kind in (PrimitiveKind.PREFILL, PrimitiveKind.FULL_PREFILL):
-            return {"kv": KVHandle(self.name, call.inputs["prompt"])}
-        if kind == PrimitiveKind.PARTIAL_PREFILL:
-            return {"kv": KVHandle(self.name, call.inputs["prefix"])}
-        if kind == PrimitiveKind.DECODE:
-            kv = call.inputs["kv"]
-            if not isinstance(kv, KVHandle) or kv.engine != self.name:
-                raise TypeError(f"{call.node.describe()} got KV state {kv!r}, not one of {self.name}")
-            return {"text": await self.llm.acomplete(kv.prompt, formatted=True)}
-        raise TypeError(f"{self.name} cannot run {call.node.describe()}")
+    async def generate(self, call: Call, prompt: Any) -> Any:
+        return await self.llm.acomplete(prompt, formatted=True)
 
 
 class LlamaIndexEmbeddingEngine(Engine):
