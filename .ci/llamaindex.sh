@@ -23,7 +23,7 @@ run_line() {
   rm -rf "$venv"
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$spec" -e "$ROOT[dev]"
+  "$venv/bin/python" -m pip install -q "$spec" -e "$ROOT[dev,serve]"
   (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/llamaindex_adapter --junitxml="$report")
   "$venv/bin/python" - "$report" "$least" "$least_pipeline" "$name" <<'PY'
 import sys

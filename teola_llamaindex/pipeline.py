@@ -512,6 +512,15 @@ class TeolaQueryPipelineExecutor:
         """Stop the event-loop thread of the sync methods (it restarts if used again)."""
         self._thread.close()
 
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The names of the engines the traced object runs on."""
+        return tuple(sorted(self._engines.engines.engines))
+
+    def runtime_for_current_loop(self) -> Any:
+        """The runtime serving async calls on the running event loop (one per loop)."""
+        return self._runtime()
+
     # -- running -----------------------------------------------------------------------
     def _runtime(self) -> Any:
         loop = asyncio.get_running_loop()

@@ -136,6 +136,15 @@ class TeolaQueryEngine:
         """Stop the event-loop thread of `query` (it restarts if used again)."""
         self._thread.close()
 
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The names of the engines the traced object runs on."""
+        return tuple(sorted(self._engines.engines.engines))
+
+    def runtime_for_current_loop(self) -> Any:
+        """The runtime serving async calls on the running event loop (one per loop)."""
+        return self._runtime()
+
     def _runtime(self) -> Any:
         loop = asyncio.get_running_loop()
         with self._lock:

@@ -3,8 +3,8 @@
 The routes only know the `App` protocol: a name, an input schema (to map a request onto
 the app's input), `ainvoke`/`astream`, and `attach`/`close` so the server can observe the
 app's runtime on its own event loop. `LangChainApp` implements it for LangChain runnables
-(wrapped with `teola.optimize` unless they already are); a LlamaIndex pipeline or query
-engine gets its own small class beside it, and `wrap_app` picks it by type.
+and `LlamaIndexApp` for LlamaIndex pipelines and query engines (each wrapped with
+`teola.optimize` unless already optimized); `wrap_app` picks by type.
 
 Specs on the command line: `module:attr` (served as `attr`) or `name=module:attr`;
 `attr` may be dotted (`module:holder.chain`).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
 
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.local import LocalRuntime
@@ -51,10 +51,43 @@ class App(Protocol):
         """Release what the app holds for the server's loop."""
 
 
-class LangChainApp:
-    """A LangChain runnable served through Teola: every request on the server's loop
-    shares the one runtime the optimized runnable keeps for that loop, which is what
-    lets the engine schedulers batch across requests."""
+class _OptimizedApp:
+    """What every framework's app shares: the optimized object keeps one runtime per
+    event loop, and every request on the server's loop goes through that one runtime,
+    which is what lets the engine schedulers batch across requests.
+
+    `optimized` must offer `runtime_for_current_loop()`, `engine_names` and `close()`.
+    """
+
+    name: str
+    optimized: Any
+    _runtime: Runtime | None = None
+
+    def attach(self, hook: RuntimeHook) -> None:
+        runtime = self.optimized.runtime_for_current_loop()
+        runtime.add_hook(hook)
+        self._runtime = runtime
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        runtime = self._runtime
+        if not isinstance(runtime, LocalRuntime):
+            return {}  # the reference backend has no queues
+        depths = {}
+        for engine in self.optimized.engine_names:
+            scheduler = runtime.scheduler(engine)
+            depths[engine] = (scheduler.pending, len(scheduler.running))
+        return depths
+
+    async def close(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.close()
+        self.optimized.close()
+
+
+class LangChainApp(_OptimizedApp):
+    """A LangChain runnable served through Teola (wrapped with `teola.optimize` unless it
+    already is optimized)."""
 
     def __init__(self, name: str, runnable: Any, *, backend: str = "local") -> None:
         import teola
@@ -64,7 +97,7 @@ class LangChainApp:
         self.runnable: TeolaRunnable[Any, Any] = (
             runnable if isinstance(runnable, TeolaRunnable) else teola.optimize(runnable, backend=backend)
         )
-        self._runtime: Runtime | None = None
+        self.optimized = self.runnable
 
     def input_schema(self) -> type[BaseModel] | None:
         schema = self.runnable.get_input_schema()
@@ -77,26 +110,40 @@ class LangChainApp:
         async for chunk in self.runnable.astream(value):
             yield chunk
 
-    def attach(self, hook: RuntimeHook) -> None:
-        runtime = self.runnable.runtime_for_current_loop()
-        runtime.add_hook(hook)
-        self._runtime = runtime
 
-    def queue_depths(self) -> dict[str, tuple[int, int]]:
-        runtime = self._runtime
-        if not isinstance(runtime, LocalRuntime):
-            return {}  # the reference backend has no queues
-        depths = {}
-        for engine in self.runnable.engine_names:
-            scheduler = runtime.scheduler(engine)
-            depths[engine] = (scheduler.pending, len(scheduler.running))
-        return depths
+class LlamaIndexApp(_OptimizedApp):
+    """A LlamaIndex `QueryPipeline` (0.12) or `RetrieverQueryEngine` served through Teola.
 
-    async def close(self) -> None:
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None:
-            await runtime.close()
-        self.runnable.close()
+    A query engine takes the request's text as its query. A pipeline takes its root
+    input keys: one key gets the text, several need a JSON object (the input schema
+    lists them). The result is sent as its text (`str()` of a LlamaIndex response is
+    its text); it is not streamed token by token: one chunk carries the whole answer.
+    """
+
+    def __init__(self, name: str, obj: Any, *, backend: str = "local") -> None:
+        import teola
+        from teola_llamaindex import TeolaQueryEngine, TeolaQueryPipelineExecutor
+
+        self.name = name
+        optimized_types = tuple(t for t in (TeolaQueryEngine, TeolaQueryPipelineExecutor) if t is not None)
+        self.optimized = obj if isinstance(obj, optimized_types) else teola.optimize(obj, backend=backend)
+        self._is_engine = isinstance(self.optimized, TeolaQueryEngine)
+
+    def input_schema(self) -> type[BaseModel] | None:
+        if self._is_engine:
+            return None
+        keys = sorted(self.optimized.original.input_keys.required_keys)
+        return create_model(f"{self.name}_input", **{k: (Any, ...) for k in keys})  # type: ignore[call-overload]
+
+    async def ainvoke(self, value: Any) -> Any:
+        if self._is_engine:
+            result = await self.optimized.aquery(value)
+        else:
+            result = await self.optimized.arun(**value) if isinstance(value, dict) else await self.optimized.arun(value)
+        return result if isinstance(result, str) else str(result)
+
+    async def astream(self, value: Any) -> AsyncIterator[Any]:
+        yield await self.ainvoke(value)
 
 
 @dataclass(frozen=True)
@@ -122,6 +169,8 @@ def wrap_app(name: str, obj: Any, *, backend: str = "local") -> App:
     """The `App` for a loaded object: already an App, or a LangChain runnable."""
     if isinstance(obj, App):
         return obj
+    if type(obj).__module__.split(".")[0] in ("llama_index", "teola_llamaindex"):
+        return LlamaIndexApp(name, obj, backend=backend)
     try:
         from langchain_core.runnables import Runnable
     except ModuleNotFoundError as exc:
@@ -132,7 +181,7 @@ def wrap_app(name: str, obj: Any, *, backend: str = "local") -> App:
         return LangChainApp(name, obj, backend=backend)
     raise TypeError(
         f"app {name!r} is a {type(obj).__name__}: expected a LangChain Runnable or an object with the "
-        "teola.server.apps.App interface (LlamaIndex apps come with teola_llamaindex)"
+        "teola.server.apps.App interface"
     )
 
 
