@@ -13,6 +13,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from teola_benchmarks.cli import add_bench_command
 
     add_bench_command(commands)
+    from teola.demo.cli import add_demo_command
+
+    add_demo_command(commands)
     from teola.server.cli import add_serve_command
 
     add_serve_command(commands)

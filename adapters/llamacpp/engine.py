@@ -210,7 +210,9 @@ class LlamaCppEngine(Engine):
         path = Path(model) if model is not None else default_model_path()
         self.name = name
         self.kinds = LLM_KINDS
-        self.limits = EngineLimits(concurrency=1)
+        # One sequence at a time: a batch's calls would run one after another and come
+        # back together, so a finished decode would wait for the next call's prefill.
+        self.limits = EngineLimits(concurrency=1, max_batch_items=1)
         self.profile = load_profile(profile, name, _BUNDLED_PROFILE if model is None else None)
         self.model_path = path
         self.chunk = chunk_tokens

