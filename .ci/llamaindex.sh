@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The LlamaIndex suites, one fresh venv per llama-index-core line (the two lines cannot
-# share an environment): 0.12.52.post1 (QueryPipeline + query engines) and 0.14.x (query
-# engines). Fails if pytest fails, or if a line ran fewer tests than it must (so a suite
-# that silently stopped being collected fails CI). Venvs go to $TEOLA_LI_VENVS (default:
-# a temporary folder, removed at exit).
+# share an environment): 0.12.52.post1 (QueryPipeline + query engines + `teola bench
+# --llamaindex`) and 0.14.x (query engines, Workflows). Fails if pytest fails, or if a
+# line ran fewer tests than it must (so a suite that silently stopped being collected
+# fails CI). Venvs go to $TEOLA_LI_VENVS (default: a temporary folder, removed at exit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${TEOLA_LI_PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -39,6 +39,6 @@ if len(passed) < least or len(pipeline) < least_pipeline:
 PY
 }
 
-run_line li012 "llama-index-core==0.12.52.post1" 50 30
-run_line li014 "llama-index-core>=0.14,<0.15" 15 0
+run_line li012 "llama-index-core==0.12.52.post1" 53 30
+run_line li014 "llama-index-core>=0.14,<0.15" 22 0
 echo "== llamaindex: both lines passed"

@@ -17,6 +17,8 @@ from teola_benchmarks.workloads import WORKLOADS
 
 # The examples `--langchain` accepts (kept here so the parser needs no LangChain import).
 LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "rerank_rag", "assign_pipeline")
+# The QueryPipelines `--llamaindex` accepts (see `teola_benchmarks.llamaindex.examples`).
+LLAMAINDEX_EXAMPLES = ("multi_query_rag", "naive_rag")
 
 
 def add_bench_command(commands: Any) -> None:
@@ -44,19 +46,31 @@ def add_bench_command(commands: Any) -> None:
         help=f"an example LangChain chain, plain vs teola.optimize, on simulated OpenAI-compatible servers "
         f"({', '.join(LANGCHAIN_EXAMPLES)}); with --overhead: invoke on zero-latency fakes",
     )
-    p.add_argument("--concurrency", type=int, default=4, help="--langchain: queries in flight")
+    p.add_argument(
+        "--llamaindex",
+        choices=LLAMAINDEX_EXAMPLES,
+        default=None,
+        metavar="EXAMPLE",
+        help=f"an example LlamaIndex QueryPipeline (llama-index-core <= 0.12), its own executor vs "
+        f"teola.optimize, on simulated OpenAI-compatible servers ({', '.join(LLAMAINDEX_EXAMPLES)})",
+    )
+    p.add_argument("--concurrency", type=int, default=4, help="--langchain/--llamaindex: queries in flight")
     p.add_argument(
         "--batching",
         choices=("dynamic", "request"),
         default="dynamic",
-        help="--langchain: how the embedding/rerank servers batch concurrent requests",
+        help="--langchain/--llamaindex: how the embedding/rerank servers batch concurrent requests",
     )
     p.set_defaults(handler=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.langchain and args.llamaindex:
+        raise SystemExit("teola bench: --langchain and --llamaindex are exclusive")
     if args.langchain:
         return run_langchain_bench(args)
+    if args.llamaindex:
+        return run_llamaindex_bench(args)
     args.queries = 40 if args.queries is None else args.queries
     args.time_scale = 0.1 if args.time_scale is None else args.time_scale
     workload = WORKLOADS[args.workload]
@@ -145,6 +159,38 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
         ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
         table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
     Console().print(table)
+    return 0
+
+
+def run_llamaindex_bench(args: argparse.Namespace) -> int:
+    """`--llamaindex EXAMPLE`: needs llama-index-core <= 0.12, openai, fastapi and uvicorn."""
+    from teola_benchmarks.llamaindex.bench import bench_llamaindex
+
+    if args.overhead:
+        raise SystemExit("teola bench: --overhead is not available with --llamaindex")
+    time_scale = 0.5 if args.time_scale is None else args.time_scale
+    if time_scale <= 0:
+        raise SystemExit("teola bench: --time-scale must be > 0")
+    result = bench_llamaindex(
+        args.llamaindex,
+        queries=args.queries or 16,
+        concurrency=args.concurrency,
+        time_scale=time_scale,
+        batching=args.batching,
+    )
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    table = Table(
+        title=f"{result.example} (QueryPipeline): {result.queries} queries, concurrency {result.concurrency}, "
+        f"time scale {result.time_scale}, {result.batching} batching"
+    )
+    for column in ("system", "mean s", "p50 s", "p99 s"):
+        table.add_column(column, justify="right" if column != "system" else "left")
+    for name, s in result.summary().items():
+        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}")
+    Console().print(table)
+    print(f"mean latency: llamaindex / teola = {result.speedup():.2f}x")
     return 0
 
 

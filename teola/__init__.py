@@ -11,10 +11,10 @@ def optimize(runnable: Any, **options: Any) -> Any:
     """A drop-in, optimized version of a LangChain runnable or a LlamaIndex object.
 
     LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LlamaIndex
-    `QueryPipeline`s and `RetrieverQueryEngine`s (recognised by their class's package):
-    see `teola_llamaindex` (extra `llamaindex`).
+    `QueryPipeline`s, `RetrieverQueryEngine`s and `Workflow` subclasses (recognised by the
+    package of a class in their MRO): see `teola_llamaindex` (extra `llamaindex`).
     """
-    if type(runnable).__module__.split(".")[0] == "llama_index":
+    if any(c.__module__.split(".")[0] in ("llama_index", "workflows") for c in type(runnable).__mro__):
         return _optimize_llamaindex(runnable, **options)
     try:
         from teola_langchain.runnable import optimize as optimize_langchain

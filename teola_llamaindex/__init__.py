@@ -5,6 +5,8 @@
     fast.run(input="...") == pipeline.run(input="...")
     fast = optimize(index.as_query_engine())   # RetrieverQueryEngine (0.12 and 0.14)
     str(fast.query("...")) == str(engine.query("..."))
+    fast = optimize(workflow)                  # Workflow: same run(...), model calls on Teola
+    await fast.run(topic="...") == await workflow.run(topic="...")
 
 Needs `llama-index-core` (`pip install 'teola[llamaindex]'`).
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 from teola_llamaindex.common import OpaqueModuleWarning
 from teola_llamaindex.query_engine import TeolaQueryEngine
+from teola_llamaindex.workflows import TeolaWorkflow, Workflow
 
 # QueryPipeline is gone from llama-index-core 0.13 on: there the executor is None.
 if importlib.util.find_spec("llama_index.core.query_pipeline") is not None:
@@ -28,10 +31,12 @@ else:
 
 
 def optimize(obj: Any, **options: Any) -> Any:
-    """The Teola drop-in for a `QueryPipeline` or a `RetrieverQueryEngine`."""
+    """The Teola drop-in for a `QueryPipeline`, a `Workflow` or a `RetrieverQueryEngine`."""
+    if isinstance(obj, Workflow):
+        return TeolaWorkflow(obj, **options)
     if QueryPipeline is not None and isinstance(obj, QueryPipeline):
         return TeolaQueryPipelineExecutor(obj, **options)
     return TeolaQueryEngine(obj, **options)
 
 
-__all__ = ["OpaqueModuleWarning", "TeolaQueryEngine", "TeolaQueryPipelineExecutor", "optimize"]
+__all__ = ["OpaqueModuleWarning", "TeolaQueryEngine", "TeolaQueryPipelineExecutor", "TeolaWorkflow", "optimize"]

@@ -1,0 +1,1 @@
+"""`teola bench --llamaindex EXAMPLE`: LlamaIndex QueryPipelines, plain vs `teola.optimize`."""

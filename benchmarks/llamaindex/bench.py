@@ -1,0 +1,143 @@
+"""`teola bench --llamaindex EXAMPLE`: an example QueryPipeline, its own executor vs Teola.
+
+One set of simulated servers (`teola_benchmarks.langchain.servers.SimServers`), one
+pipeline object over one index, the same questions for both systems, run one system
+after the other, each as a closed loop of `concurrency` workers (a worker starts its
+next query when its last one returns):
+
+- `llamaindex`: `pipeline.arun(question=q)` (QueryPipeline's own async executor: waves
+  of ready modules, at most 4 at a time, the next wave after the whole wave);
+- `teola`: `teola.optimize(pipeline).arun(question=q)`.
+
+Before each system the servers' prefix cache is emptied and one warm-up query (not
+among the measured ones) runs. Every answer must equal LlamaIndex's (else
+`AnswerMismatch`). Needs llama-index-core <= 0.12, fastapi, uvicorn and openai.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+import teola
+from teola_benchmarks.langchain.servers import Batching, SimServers
+from teola_benchmarks.llamaindex.examples import EXAMPLES, build_index, questions
+from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
+from teola_benchmarks.stats import summarize
+
+SYSTEMS = ("llamaindex", "teola")
+
+
+class AnswerMismatch(AssertionError):
+    """Teola's answer differs from LlamaIndex's for the same question."""
+
+
+@dataclass
+class LlamaIndexBenchResult:
+    example: str
+    queries: int
+    concurrency: int
+    time_scale: float
+    batching: str
+    latencies: dict[str, list[float]]
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {name: summarize(values) for name, values in self.latencies.items()}
+
+    def speedup(self) -> float:
+        """LlamaIndex's mean latency over Teola's (> 1: Teola is faster)."""
+        s = self.summary()
+        return s["llamaindex"]["mean_s"] / s["teola"]["mean_s"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "queries": self.queries,
+            "concurrency": self.concurrency,
+            "time_scale": self.time_scale,
+            "batching": self.batching,
+            "systems": self.summary(),
+            "speedup_vs": {"llamaindex": self.speedup()},
+            "server": self.server,
+        }
+
+
+def bench_llamaindex(
+    example: str,
+    *,
+    queries: int = 16,
+    concurrency: int = 4,
+    time_scale: float = 0.5,
+    batching: Batching = "dynamic",
+) -> LlamaIndexBenchResult:
+    """Run both systems on one example against one set of servers (see the module docstring)."""
+    if example not in EXAMPLES:
+        raise ValueError(f"unknown example {example!r} (known: {', '.join(EXAMPLES)})")
+    if queries < 1 or concurrency < 1:
+        raise ValueError("queries and concurrency must be >= 1")
+    inputs = questions(queries + 1)
+    warmup, measured = inputs[0], inputs[1:]
+    with SimServers(time_scale=time_scale, batching=batching) as servers:
+        llm = ServerLLM(base_url=servers.base_url)
+        index = build_index(ServerEmbedding(base_url=servers.base_url))
+        pipeline = EXAMPLES[example](llm, index)
+        fast = teola.optimize(pipeline)
+        try:
+            latencies, answers = asyncio.run(
+                _measure({"llamaindex": pipeline, "teola": fast}, warmup, measured, concurrency, servers.root_url)
+            )
+        finally:
+            fast.close()
+    b = servers.backend
+    _check_equal(example, measured, answers)
+    server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
+    return LlamaIndexBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
+
+
+async def _measure(
+    systems: dict[str, Any], warmup: str, inputs: Sequence[str], concurrency: int, root_url: str
+) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
+    latencies: dict[str, list[float]] = {}
+    answers: dict[str, list[Any]] = {}
+    async with httpx.AsyncClient() as admin:
+        for name, pipeline in systems.items():
+            await pipeline.arun(question=warmup)
+            (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
+            latencies[name], answers[name] = await closed_loop(
+                lambda q, p=pipeline: p.arun(question=q), inputs, concurrency
+            )
+    return latencies, answers
+
+
+async def closed_loop(
+    run: Callable[[str], Awaitable[Any]], inputs: Sequence[str], concurrency: int
+) -> tuple[list[float], list[Any]]:
+    """`concurrency` workers, each running the next query when its last one returned."""
+    latencies = [0.0] * len(inputs)
+    outputs: list[Any] = [None] * len(inputs)
+    pending = iter(range(len(inputs)))
+
+    async def worker() -> None:
+        for i in pending:
+            began = time.perf_counter()
+            outputs[i] = str(await run(inputs[i]))
+            latencies[i] = time.perf_counter() - began
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
+    return latencies, outputs
+
+
+def _check_equal(example: str, inputs: Sequence[str], answers: dict[str, list[Any]]) -> None:
+    reference = answers["llamaindex"]
+    for name, got in answers.items():
+        for x, want, have in zip(inputs, reference, got, strict=True):
+            if want != have:
+                raise AnswerMismatch(
+                    f"{example}: {name} answered {have!r} where llamaindex answered {want!r} for {x!r}"
+                )
