@@ -44,6 +44,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 from uuid import uuid4
 
@@ -59,9 +60,10 @@ from langchain_core.runnables.config import (
 )
 from langchain_core.runnables.graph import Graph as LCGraph
 
+from teola_core.ir.draw import draw_graph
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, make_runtime
-from teola_core.runtime.base import Runtime
+from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.context import ContextRegistry, QueryContext
 from teola_langchain.engines import EngineRegistry
@@ -75,7 +77,8 @@ class TeolaRunnable(Runnable[Input, Output]):
     """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
 
     Options:
-        backend: "reference" (one primitive at a time) or "local" (scheduled, batching).
+        backend: "local" (the default: scheduled, batching), "ray" (engines as Ray
+            actors) or "reference" (one primitive at a time).
         policy: the local runtime's engine scheduling policy ("topology", "fifo", ...).
         passes: True (the default pipeline), False (none) or a `PassManager`.
         profiles: latency profiles by engine name ("llm:ChatOpenAI", "embed:...",
@@ -83,6 +86,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         expected_items: how many items a model with a list parser is expected to write
             (enables decode pipelining; results never depend on it).
         warn: warn once for each step that stays opaque.
+        hooks: runtime hooks (e.g. `teola_core.runtime.timeline.SpanRecorder`) added to
+            every runtime this runnable creates: they see each primitive's span.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         profiles: Mapping[str, LatencyProfile] | None = None,
         expected_items: int | None = None,
         warn: bool = True,
+        hooks: Sequence[RuntimeHook] = (),
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -103,6 +109,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.name = original.get_name()
         self.backend = backend
         self.policy = policy
+        self.hooks = tuple(hooks)
         self._contexts = ContextRegistry()
         self._engines = EngineRegistry(self._contexts)
         session = TraceSession(self._engines, warn=warn, expected_items=expected_items)
@@ -150,8 +157,13 @@ class TeolaRunnable(Runnable[Input, Output]):
         """The original chain's graph (what the user wrote); `explain()` shows Teola's."""
         return self.original.get_graph(config)
 
-    def explain(self) -> str:
-        """The p-graph, the passes applied and the e-graph of every traced graph, with Mermaid."""
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """The p-graph, the passes applied and the e-graph of every traced graph, with Mermaid.
+
+        With `png_dir`, each e-graph is also drawn as a PNG there (matplotlib), and the
+        text names the files. For a timeline of a run, pass `hooks=[SpanRecorder()]` to
+        `optimize` and plot its spans with `teola_core.runtime.timeline.plot_timeline`.
+        """
         out = [f"Teola plan for {self.name} (backend {self.backend}, policy {self.policy})\n"]
         if self.plan.opaque:
             out.append(section("opaque steps (run as one call each)", "\n".join(f"- {o}" for o in self.plan.opaque)))
@@ -163,6 +175,9 @@ class TeolaRunnable(Runnable[Input, Output]):
             out.append(section(f"passes applied to {sub.name}", "\n".join(f"- {p}" for p in sub.passes) or "- none"))
             out.append(section(f"e-graph {sub.name}", sub.graph.summary()))
             out.append(section(f"mermaid {sub.name}", mermaid(sub.graph)))
+            if png_dir is not None:
+                path = draw_graph(sub.graph, Path(png_dir) / f"{_file_name(sub.name)}-egraph.png")
+                out.append(section(f"picture {sub.name}", str(path)))
         return "\n".join(out)
 
     def _stream_plan(self) -> str:
@@ -207,6 +222,8 @@ class TeolaRunnable(Runnable[Input, Output]):
             runtime = self._runtimes.get(loop)
             if runtime is None:
                 runtime = make_runtime(self._engines.engines, self.backend, self.policy)
+                for hook in self.hooks:
+                    runtime.add_hook(hook)
                 self._runtimes[loop] = runtime
             return runtime
 
@@ -382,6 +399,10 @@ def _batch_results(results: list[Any], return_exceptions: bool) -> list[Any]:
         if isinstance(result, BaseException) and (not return_exceptions or not isinstance(result, Exception)):
             raise result
     return results
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "graph"
 
 
 def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyProfile]) -> None:

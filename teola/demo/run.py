@@ -36,7 +36,7 @@ from typing import Any
 
 from teola.demo.chain import QUESTIONS, build_chain
 from teola.demo.corpus import Paragraph, ingest, load_corpus
-from teola.demo.timeline import SpanRecorder, plot_timeline
+from teola_core.runtime.timeline import SpanRecorder, plot_timeline
 
 RETRIEVE_K = 2  # paragraphs per expanded query
 EXPECTED_QUERIES = 3  # what the expansion prompt asks for (a planning hint for decode pipelining)

@@ -1,4 +1,10 @@
-"""The per-primitive timeline of an optimized run, from the runtime's `PrimitiveSpan` hook.
+"""The per-primitive timeline of a run, from the runtime's `PrimitiveSpan` hook.
+
+    recorder = SpanRecorder()
+    fast = teola.optimize(chain, hooks=[recorder])
+    fast.invoke(question)
+    plot_timeline(recorder.spans, {}, Path("timeline.png"), "one question")
+
 
 One row per engine and primitive kind (plus the user steps), one bar per span, coloured
 by the question it served (nested map elements count as their question). Inline work
