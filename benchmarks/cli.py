@@ -10,8 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from teola_benchmarks.harness import BenchResult, bench
+from teola_benchmarks.harness import BenchResult, bench, simulated_engines
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
+from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import WORKLOADS
 
@@ -38,6 +39,13 @@ def add_bench_command(commands: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
+    p.add_argument(
+        "--engines",
+        choices=("simulated", "local-real"),
+        default="simulated",
+        help="the workloads' engines: simulated (profile-driven) or the real embedded ones "
+        "(SmolLM2 on llama.cpp, MiniLM, embedded pgvector; real time, so the time scale is 1)",
+    )
     p.add_argument(
         "--langchain",
         choices=LANGCHAIN_EXAMPLES,
@@ -71,8 +79,11 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_langchain_bench(args)
     if args.llamaindex:
         return run_llamaindex_bench(args)
-    args.queries = 40 if args.queries is None else args.queries
-    args.time_scale = 0.1 if args.time_scale is None else args.time_scale
+    real = args.engines == "local-real"
+    args.queries = (4 if real else 40) if args.queries is None else args.queries
+    args.time_scale = (1.0 if real else 0.1) if args.time_scale is None else args.time_scale
+    if real and args.time_scale != 1.0:
+        raise SystemExit("teola bench: --engines local-real runs in real time; --time-scale must be 1")
     workload = WORKLOADS[args.workload]
     if args.overhead:
         pin_to_one_core()
@@ -101,6 +112,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 time_scale=args.time_scale,
                 systems=systems,
                 seed=args.seed,
+                make_engines=real_engines if real else simulated_engines,
             )
         )
         for rate in rates

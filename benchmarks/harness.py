@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 from itertools import pairwise
@@ -20,6 +20,7 @@ from teola_adapters.simulated.paper_profiles import paper_engines
 from teola_benchmarks.stats import summarize
 from teola_benchmarks.systems import SYSTEMS, System
 from teola_benchmarks.workloads import Workload
+from teola_benchmarks.workloads.common import FakeModel
 from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.passes import PassManager
@@ -73,9 +74,23 @@ class _Spans:
         self.spans.append(span)
 
 
-async def run_system(workload: Workload, system: System, arrivals: Sequence[float], time_scale: float) -> SystemResult:
+EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
+"""(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
+
+
+def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
+    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
+
+
+async def run_system(
+    workload: Workload,
+    system: System,
+    arrivals: Sequence[float],
+    time_scale: float,
+    make_engines: EngineFactory = simulated_engines,
+) -> SystemResult:
     """Run every query of the sequence on a fresh runtime configured as `system`."""
-    engines = paper_engines(time_scale=time_scale, prefix_cache=system.prefix_cache, responder=workload.model)
+    engines = make_engines(time_scale, system.prefix_cache, workload.model)
     runtime = LocalRuntime(engines, policy=system.policy, max_batch=system.max_batch())
     manager = PassManager(system.pass_list())
     ctx = PassContext(profiles=engines.profiles())
@@ -99,7 +114,9 @@ async def run_system(workload: Workload, system: System, arrivals: Sequence[floa
     return SystemResult([r[0] for r in results], [r[1] for r in results])
 
 
-async def critical_path(workload: Workload, time_scale: float, query_index: int = 0) -> float:
+async def critical_path(
+    workload: Workload, time_scale: float, query_index: int = 0, make_engines: EngineFactory = simulated_engines
+) -> float:
     """The e-graph's critical-path lower bound for one query, in unscaled seconds.
 
     The query runs alone on Teola's configuration; each primitive's service time (its
@@ -109,7 +126,7 @@ async def critical_path(workload: Workload, time_scale: float, query_index: int 
     out only waiting and dispatch gaps.
     """
     system = SYSTEMS["teola"]
-    engines = paper_engines(time_scale=time_scale, prefix_cache=True, responder=workload.model)
+    engines = make_engines(time_scale, True, workload.model)
     runtime = LocalRuntime(engines, policy=system.policy)
     spans = _Spans()
     runtime.add_hook(spans)
@@ -154,11 +171,13 @@ async def bench(
     time_scale: float,
     systems: Sequence[str] = tuple(SYSTEMS),
     seed: int = 0,
+    make_engines: EngineFactory = simulated_engines,
 ) -> BenchResult:
     arrivals = arrival_times(rate, queries, seed)
-    result = BenchResult(workload.name, rate, queries, await critical_path(workload, time_scale))
+    cp = await critical_path(workload, time_scale, make_engines=make_engines)
+    result = BenchResult(workload.name, rate, queries, cp)
     for name in systems:
-        result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale)
+        result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
     reference = next(iter(result.systems.values())).outputs
     for name, r in result.systems.items():
         if r.outputs != reference:
