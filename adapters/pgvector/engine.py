@@ -210,6 +210,8 @@ class PgVectorStore(Engine):
             try:
                 if call.node.kind == PrimitiveKind.INGEST:
                     ingests.append((i, *self._ingest_args(call)))
+                elif call.node.kind == PrimitiveKind.SEARCH and len(call.inputs["vectors"]) == 0:
+                    results[i] = {"hits": []}  # no queries (e.g. a pipelined chunk the model left empty)
                 elif call.node.kind == PrimitiveKind.SEARCH:
                     searches.append((i, *self._search_args(call)))
                 else:

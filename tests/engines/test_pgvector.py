@@ -71,6 +71,23 @@ def test_ingest_then_search_ranks_by_cosine_then_id(store) -> None:
     assert all(isinstance(d, Document) for d in first)
 
 
+def test_a_search_with_no_query_vectors_has_no_hits(store) -> None:
+    # Decode pipelining hands a stage an empty chunk when the model wrote fewer items;
+    # its embed gives no vectors, and its search must give no hits, not fail.
+    c = fresh()
+    run(store.run([Call("q", ingest(c), {"texts": ["north"], "vectors": [unit(0, 1, 0)]})]))
+    empty, full = run(
+        store.run(
+            [
+                Call("q", search(2), {"vectors": [], "index": c}),
+                Call("q", search(2), {"vectors": [unit(0, 1, 0)], "index": c}),
+            ]
+        )
+    )
+    assert empty == {"hits": []}
+    assert [d.id for d in full["hits"][0]] == [doc_id("north")]
+
+
 def test_reingesting_a_text_replaces_its_row(store) -> None:
     c = fresh()
     run(store.run([Call("q", ingest(c), {"texts": ["a", "b"], "vectors": [unit(1, 0), unit(0, 1)]})]))
