@@ -19,6 +19,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from teola.server.cli import add_serve_command
 
     add_serve_command(commands)
+    from teola.profiling import add_profile_command
+
+    add_profile_command(commands)
     args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
 

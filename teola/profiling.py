@@ -1,0 +1,85 @@
+"""`teola profile ENGINE`: measure a real engine on this machine and write its profile.
+
+The profile (latency across batch sizes, or tokens and sequences for an LLM) is what
+the passes and the engine schedulers plan with: pass the file back as the engine's
+`profile=` argument (e.g. `LlamaCppEngine(profile="teola-profiles/llamacpp.json")`).
+The engines ship profiles measured on a 2-core CPU machine; measure your own hardware.
+
+    teola profile embeddings --out teola-profiles/embeddings.json
+    teola profile vllm --url http://127.0.0.1:8000 --model my-model
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("llamacpp", "embeddings", "rerank", "pgvector", "vllm")
+
+
+def add_profile_command(commands: Any) -> None:
+    p = commands.add_parser("profile", help="measure a real engine's latency profile on this machine")
+    p.add_argument("engine", choices=ENGINES)
+    p.add_argument("--out", type=Path, default=None, help="where to write it (default: teola-profiles/ENGINE.json)")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is kept)")
+    p.add_argument("--url", default=None, help="vllm: the server's base URL")
+    p.add_argument("--model", default=None, help="vllm: the served model name")
+    p.set_defaults(handler=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    out: Path = args.out or Path("teola-profiles") / f"{args.engine}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.engine == "vllm" and not (args.url and args.model):
+        raise SystemExit("teola profile vllm: --url and --model are required")
+    profile = asyncio.run(_measure(args.engine, args.repeats, out, args.url, args.model))
+    for op, curve in profile.curves.items():
+        points = ", ".join(f"{x:g}: {s * 1000:.1f} ms" for x, s in curve.points)
+        print(f"{args.engine} {op}: {points} (max efficient batch {curve.max_efficient()})")
+    print(f"wrote {out}: pass it as the engine's profile= argument")
+    return 0
+
+
+async def _measure(engine: str, repeats: int, out: Path, url: str | None, model: str | None) -> Any:
+    if engine == "llamacpp":
+        from teola_adapters.llamacpp import LlamaCppEngine, measure_profile
+
+        llm = LlamaCppEngine()
+        try:
+            return await measure_profile(llm, repeats=repeats, save_to=out)
+        finally:
+            await llm.close()
+    if engine in ("embeddings", "rerank"):
+        from teola_adapters.embeddings import SentenceTransformerEmbedder
+        from teola_adapters.embeddings import measure_profile as measure_embedder
+
+        embedder = SentenceTransformerEmbedder()
+        try:
+            if engine == "embeddings":
+                return await measure_embedder(embedder, repeats=repeats, save_to=out)
+            from teola_adapters.rerank import make_reranker
+            from teola_adapters.rerank import measure_profile as measure_reranker
+
+            return await measure_reranker(make_reranker(embedder=embedder), repeats=repeats, save_to=out)
+        finally:
+            await embedder.close()
+    if engine == "pgvector":
+        from teola_adapters.pgvector import PgVectorStore
+        from teola_adapters.pgvector import measure_profile as measure_store
+
+        store = PgVectorStore()
+        try:
+            return await measure_store(store, repeats=repeats, save_to=out)
+        finally:
+            await store.close()
+    from teola_adapters.vllm_http import VLLMHTTPEngine
+    from teola_adapters.vllm_http import measure_profile as measure_vllm
+
+    assert url is not None and model is not None
+    vllm = VLLMHTTPEngine(url, model)
+    try:
+        return await measure_vllm(vllm, repeats=repeats, save_to=out)
+    finally:
+        await vllm.close()
