@@ -37,7 +37,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.vectorstores import VectorStore
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet, PerCallEngine
 from teola_core.ir.kinds import PrimitiveKind
 from teola_langchain.context import ContextRegistry
 from teola_langchain.parsers import ParserItems, output_text
@@ -108,7 +108,7 @@ class LangChainEmbeddingEngine(Engine):
         return {"vectors": list(vectors)}
 
 
-class LangChainVectorStoreEngine(Engine):
+class LangChainVectorStoreEngine(PerCallEngine):
     """A LangChain `VectorStore`: similarity search by vector (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.SEARCH})
@@ -118,10 +118,7 @@ class LangChainVectorStoreEngine(Engine):
         self.name = name
         self.store = store
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         kwargs = dict(call.node.config.get("search_kwargs", {}))
         hits = await asyncio.gather(
             *(self.store.asimilarity_search_by_vector(v, **kwargs) for v in call.inputs["vectors"])

@@ -21,8 +21,7 @@ result per call; an exception fails that call only.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -31,7 +30,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import QueryBundle
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
+from teola_core.engines.protocol import Call, Engine, EngineLimits, EngineSet, PerCallEngine
 from teola_core.ir.kinds import PrimitiveKind
 
 
@@ -54,7 +53,7 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
         return await self.llm.acomplete(prompt, formatted=True)
 
 
-class LlamaIndexEmbeddingEngine(Engine):
+class LlamaIndexEmbeddingEngine(PerCallEngine):
     """Query embeddings of a retriever's embed model (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.EMBED})
@@ -64,10 +63,7 @@ class LlamaIndexEmbeddingEngine(Engine):
         self.name = name
         self.embed_model = embed_model
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         needed = call.node.config["needs_embedding"]
         return {"vectors": [await self._vector(b, needed) for b in call.inputs["texts"]]}
 
@@ -77,7 +73,7 @@ class LlamaIndexEmbeddingEngine(Engine):
         return bundle.embedding
 
 
-class LlamaIndexRetrieverEngine(Engine):
+class LlamaIndexRetrieverEngine(PerCallEngine):
     """The search half of a `VectorIndexRetriever` (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.SEARCH})
@@ -87,10 +83,7 @@ class LlamaIndexRetrieverEngine(Engine):
         self.name = name
         self.retriever = retriever
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         bundles, vectors = call.inputs["index"], call.inputs["vectors"]
         hits = [
             await self.retriever.aretrieve(QueryBundle(query_str=b.query_str, embedding=v))

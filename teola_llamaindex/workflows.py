@@ -56,7 +56,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.workflow import Workflow
 from pydantic import PrivateAttr
 
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet, PerCallEngine
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
@@ -133,7 +133,7 @@ class _EmbedRequest:
     texts: tuple[str, ...]
 
 
-class WorkflowLLMEngine(Engine):
+class WorkflowLLMEngine(PerCallEngine):
     """A workflow's LLM: each DECODE call awaits the step's own call on the wrapped LLM."""
 
     kinds = frozenset({PrimitiveKind.DECODE})
@@ -142,10 +142,7 @@ class WorkflowLLMEngine(Engine):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         return {"text": await call.inputs["kv"].run()}
 
 
@@ -196,7 +193,7 @@ class WorkflowEmbeddingEngine(Engine):
         return {"vectors": [await self.embed_model.aget_agg_embedding_from_queries(list(request.texts))]}
 
 
-class WorkflowRetrieverEngine(Engine):
+class WorkflowRetrieverEngine(PerCallEngine):
     """A retriever as one SEARCH: `aretrieve(bundle)` as the step would call it."""
 
     kinds = frozenset({PrimitiveKind.SEARCH})
@@ -206,10 +203,7 @@ class WorkflowRetrieverEngine(Engine):
         self.name = name
         self.retriever = retriever
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         return {"hits": [await self.retriever.aretrieve(bundle) for bundle in call.inputs["index"]]}
 
 

@@ -12,17 +12,15 @@ object has no batch API that returns what single calls would).
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
-from collections.abc import Sequence
 from typing import Any
 
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_core.engines.protocol import Call, EngineLimits, PerCallEngine
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_core.ir.types import KVHandle
 
 
-class OpaqueModelEngine(Engine):
+class OpaqueModelEngine(PerCallEngine):
     kinds = LLM_KINDS
     limits = EngineLimits(concurrency=64)
 
@@ -45,10 +43,7 @@ class OpaqueModelEngine(Engine):
             raise TypeError(f"{call.node.describe()} got KV state {kv!r}, not one of {self.name}")
         return kv.prompt
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
-
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         kind = call.node.kind
         if kind in (PrimitiveKind.PREFILL, PrimitiveKind.FULL_PREFILL):
             return {"kv": KVHandle(self.name, call.inputs["prompt"])}

@@ -14,6 +14,7 @@ that call alone. LLM engines may also stream a decode as text deltas. Everything
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,21 @@ class Engine(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release resources. Default: nothing to release."""
+
+
+class PerCallEngine(Engine):
+    """An engine whose calls run on their own, concurrently: `run` derives from `run_call`.
+
+    For engines over objects with no batch API that returns what single calls would
+    (a framework's model, a retriever): a call that raises fails alone.
+    """
+
+    @abstractmethod
+    async def run_call(self, call: Call) -> Mapping[str, Any]:
+        """One call's outputs."""
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        return list(await asyncio.gather(*(self.run_call(c) for c in calls), return_exceptions=True))
 
 
 @dataclass
