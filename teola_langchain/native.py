@@ -38,7 +38,6 @@ worker threads without a running loop); async methods await them.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -60,7 +59,7 @@ from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
 from teola_core.passes import PassContext, PassManager
-from teola_core.runtime.base import Runtime, RuntimeHook
+from teola_core.runtime.base import RuntimeHook
 from teola_langchain import retrievers
 from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.prompts import PromptPrefix
@@ -347,9 +346,7 @@ class NativeRunnable(TeolaRunnable):
         **options: Any,
     ) -> None:
         register_store_proof()
-        super().__init__(runnable, passes=False, **options)
-        self.hooks = list(hooks)
-        self._hooked: weakref.WeakSet[Runtime] = weakref.WeakSet()
+        super().__init__(runnable, passes=False, hooks=hooks, **options)
         engines = self._engines.engines.engines
         for name, engine in list(engines.items()):
             if isinstance(engine, LangChainLLMEngine) and type(engine.model) is ChatSmolLM:
@@ -363,14 +360,6 @@ class NativeRunnable(TeolaRunnable):
             result = manager.optimize(sub.pgraph, PassContext(profiles=self.profiles))
             sub.graph = result.e_graph
             sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]
-
-    def _runtime(self) -> Runtime:
-        runtime = super()._runtime()
-        if runtime not in self._hooked:
-            for hook in self.hooks:
-                runtime.add_hook(hook)
-            self._hooked.add(runtime)
-        return runtime
 
 
 def _same_model(engine: Any, replicas: Sequence[Any]) -> list[Any]:

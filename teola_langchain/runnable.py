@@ -41,7 +41,6 @@ stops it); async methods run on the caller's loop. There is no global state.
 from __future__ import annotations
 
 import asyncio
-import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -62,7 +61,7 @@ from langchain_core.runnables.graph import Graph as LCGraph
 
 from teola_core.ir.draw import draw_graph
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, make_runtime
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.context import ContextRegistry, QueryContext
@@ -109,7 +108,6 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.name = original.get_name()
         self.backend = backend
         self.policy = policy
-        self.hooks = tuple(hooks)
         self._contexts = ContextRegistry()
         self._engines = EngineRegistry(self._contexts)
         session = TraceSession(self._engines, warn=warn, expected_items=expected_items)
@@ -129,8 +127,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.profiles = {**self._engines.engines.profiles(), **(profiles or {})}
         for sub in self._graphs():
             _optimize_graph(sub, passes, self.profiles)
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
-        self._runtimes_lock = threading.Lock()
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks)
         self._thread = LoopThread(f"teola:{self.name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
 
@@ -205,7 +202,7 @@ class TeolaRunnable(Runnable[Input, Output]):
     @property
     def engine_names(self) -> tuple[str, ...]:
         """The names of the engines the traced chain runs on."""
-        return tuple(sorted(self._engines.engines.engines))
+        return self._runtimes.engine_names
 
     def runtime_for_current_loop(self) -> Runtime:
         """The runtime that serves async calls made on the running event loop.
@@ -217,15 +214,7 @@ class TeolaRunnable(Runnable[Input, Output]):
 
     # -- execution -------------------------------------------------------------------
     def _runtime(self) -> Runtime:
-        loop = asyncio.get_running_loop()
-        with self._runtimes_lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = make_runtime(self._engines.engines, self.backend, self.policy)
-                for hook in self.hooks:
-                    runtime.add_hook(hook)
-                self._runtimes[loop] = runtime
-            return runtime
+        return self._runtimes.current()
 
     async def _execute(self, graph: SubGraph, value: Any, config: RunnableConfig, sync: bool) -> Any:
         ctx = QueryContext(uuid4().hex, config, sync, self._runtime(), self._contexts)

@@ -48,7 +48,6 @@ many callers) share engine schedulers and batch.
 from __future__ import annotations
 
 import asyncio
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
@@ -75,7 +74,7 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, make_runtime
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import SKIPPED, OpaqueModuleWarning, QueryContext, unwrap_error
 from teola_llamaindex.engines import EngineRegistry
@@ -493,8 +492,7 @@ class TeolaQueryPipelineExecutor:
             self.plan.graph, self.plan.passes = optimize_graph(
                 self.plan.pgraph, passes, self._engines.engines, profiles
             )
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
         self._thread = LoopThread("teola:QueryPipeline")
         self._finalizer = weakref.finalize(self, self._thread.close)
 
@@ -515,7 +513,7 @@ class TeolaQueryPipelineExecutor:
     @property
     def engine_names(self) -> tuple[str, ...]:
         """The names of the engines the traced object runs on."""
-        return tuple(sorted(self._engines.engines.engines))
+        return self._runtimes.engine_names
 
     def runtime_for_current_loop(self) -> Any:
         """The runtime serving async calls on the running event loop (one per loop)."""
@@ -523,12 +521,7 @@ class TeolaQueryPipelineExecutor:
 
     # -- running -----------------------------------------------------------------------
     def _runtime(self) -> Any:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(self._engines.engines, self.backend, self.policy)
-            return runtime
+        return self._runtimes.current()
 
     async def _one(self, module_inputs: dict[str, Any], sync: bool) -> tuple[dict[str, Any], Any]:
         assert self.plan is not None

@@ -18,7 +18,6 @@ override `_query`); `optimize` rejects others.
 from __future__ import annotations
 
 import asyncio
-import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +29,7 @@ from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, make_runtime
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import QueryContext, unwrap_error
 from teola_llamaindex.engines import EngineRegistry
@@ -112,8 +111,7 @@ class TeolaQueryEngine:
         self._engines = EngineRegistry()
         self.pgraph = trace_query_engine(engine, self._engines)
         self.graph, self.passes = optimize_graph(self.pgraph, passes, self._engines.engines, profiles)
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
         self._thread = LoopThread("teola:RetrieverQueryEngine")
         self._finalizer = weakref.finalize(self, self._thread.close)
 
@@ -139,19 +137,14 @@ class TeolaQueryEngine:
     @property
     def engine_names(self) -> tuple[str, ...]:
         """The names of the engines the traced object runs on."""
-        return tuple(sorted(self._engines.engines.engines))
+        return self._runtimes.engine_names
 
     def runtime_for_current_loop(self) -> Any:
         """The runtime serving async calls on the running event loop (one per loop)."""
         return self._runtime()
 
     def _runtime(self) -> Any:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(self._engines.engines, self.backend, self.policy)
-            return runtime
+        return self._runtimes.current()
 
     async def _run(self, query: str | QueryBundle, sync: bool) -> Any:
         bundle = QueryBundle(query) if isinstance(query, str) else query

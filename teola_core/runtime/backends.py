@@ -9,7 +9,10 @@ primitive at a time; it defines what a graph computes), useful to check a result
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from teola_core.engines.protocol import EngineSet
@@ -49,3 +52,39 @@ def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str
 
         return RayRuntime(lambda: ray_engines(engines), policy=policy, own_engines=True)
     raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+
+
+class RuntimePerLoop:
+    """One runtime per event loop, created on first use there.
+
+    Runtimes hold loop-bound futures and queues, so a drop-in object that is called from
+    several loops (the caller's, its own sync thread's, a server's) keeps one each.
+    `hooks` are added to every runtime it creates.
+    """
+
+    def __init__(
+        self, engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology", hooks: Sequence[Any] = ()
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+        self.engines = engines
+        self.backend = backend
+        self.policy = policy
+        self.hooks = tuple(hooks)
+        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def current(self) -> Runtime:
+        """The running loop's runtime (must be called on a running loop)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            runtime = self._runtimes.get(loop)
+            if runtime is None:
+                runtime = self._runtimes[loop] = make_runtime(self.engines, self.backend, self.policy)
+                for hook in self.hooks:
+                    runtime.add_hook(hook)
+            return runtime
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.engines.engines))
