@@ -160,17 +160,7 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    table = Table(
-        title=f"{result.example}: {result.queries} queries, concurrency {result.concurrency}, "
-        f"time scale {result.time_scale}, {result.batching} batching"
-    )
-    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
-        table.add_column(column, justify="right" if column != "system" else "left")
-    speedups = result.speedups()
-    for name, s in result.summary().items():
-        ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
-        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
-    Console().print(table)
+    Console().print(result.table(result.example))
     return 0
 
 
@@ -193,16 +183,7 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    table = Table(
-        title=f"{result.example} (QueryPipeline): {result.queries} queries, concurrency {result.concurrency}, "
-        f"time scale {result.time_scale}, {result.batching} batching"
-    )
-    for column in ("system", "mean s", "p50 s", "p99 s"):
-        table.add_column(column, justify="right" if column != "system" else "left")
-    for name, s in result.summary().items():
-        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}")
-    Console().print(table)
-    print(f"mean latency: llamaindex / teola = {result.speedup():.2f}x")
+    Console().print(result.table(f"{result.example} (QueryPipeline)"))
     return 0
 
 

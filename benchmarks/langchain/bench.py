@@ -23,7 +23,7 @@ import asyncio
 import importlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -33,9 +33,9 @@ from langchain_core.runnables import Runnable
 
 import teola
 from teola_benchmarks.cli import LANGCHAIN_EXAMPLES as EXAMPLES
+from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 from teola_benchmarks.langchain.servers import Batching, SimServers
-from teola_benchmarks.stats import summarize
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
 
@@ -50,37 +50,6 @@ def example_module(name: str) -> ModuleType:
     return importlib.import_module(f"teola_examples.{name}")
 
 
-@dataclass
-class LangChainBenchResult:
-    example: str
-    queries: int
-    concurrency: int
-    time_scale: float
-    batching: str
-    latencies: dict[str, list[float]]
-    server: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        return {name: summarize(values) for name, values in self.latencies.items()}
-
-    def speedups(self) -> dict[str, float]:
-        """Mean latency of each LangChain system divided by Teola's (> 1: Teola is faster)."""
-        s = self.summary()
-        return {name: s[name]["mean_s"] / s["teola"]["mean_s"] for name in s if name != "teola"}
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "example": self.example,
-            "queries": self.queries,
-            "concurrency": self.concurrency,
-            "time_scale": self.time_scale,
-            "batching": self.batching,
-            "systems": self.summary(),
-            "speedup_vs": self.speedups(),
-            "server": self.server,
-        }
-
-
 def bench_langchain(
     example: str,
     *,
@@ -89,7 +58,7 @@ def bench_langchain(
     time_scale: float = 0.5,
     batching: Batching = "dynamic",
     options: dict[str, Any] | None = None,
-) -> LangChainBenchResult:
+) -> FrameworkBenchResult:
     """Run the three systems on one example against one set of servers (see the module docstring)."""
     if queries < 1 or concurrency < 1:
         raise ValueError("queries and concurrency must be >= 1")
@@ -109,7 +78,7 @@ def bench_langchain(
     b = servers.backend
     _check_equal(example, measured, answers)
     server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
-    return LangChainBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
+    return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
 async def _measure(

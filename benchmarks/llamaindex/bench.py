@@ -19,53 +19,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 import teola
+from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.servers import Batching, SimServers
 from teola_benchmarks.llamaindex.examples import EXAMPLES, build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
-from teola_benchmarks.stats import summarize
 
 SYSTEMS = ("llamaindex", "teola")
 
 
 class AnswerMismatch(AssertionError):
     """Teola's answer differs from LlamaIndex's for the same question."""
-
-
-@dataclass
-class LlamaIndexBenchResult:
-    example: str
-    queries: int
-    concurrency: int
-    time_scale: float
-    batching: str
-    latencies: dict[str, list[float]]
-    server: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        return {name: summarize(values) for name, values in self.latencies.items()}
-
-    def speedup(self) -> float:
-        """LlamaIndex's mean latency over Teola's (> 1: Teola is faster)."""
-        s = self.summary()
-        return s["llamaindex"]["mean_s"] / s["teola"]["mean_s"]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "example": self.example,
-            "queries": self.queries,
-            "concurrency": self.concurrency,
-            "time_scale": self.time_scale,
-            "batching": self.batching,
-            "systems": self.summary(),
-            "speedup_vs": {"llamaindex": self.speedup()},
-            "server": self.server,
-        }
 
 
 def bench_llamaindex(
@@ -75,7 +43,7 @@ def bench_llamaindex(
     concurrency: int = 4,
     time_scale: float = 0.5,
     batching: Batching = "dynamic",
-) -> LlamaIndexBenchResult:
+) -> FrameworkBenchResult:
     """Run both systems on one example against one set of servers (see the module docstring)."""
     if example not in EXAMPLES:
         raise ValueError(f"unknown example {example!r} (known: {', '.join(EXAMPLES)})")
@@ -97,7 +65,7 @@ def bench_llamaindex(
     b = servers.backend
     _check_equal(example, measured, answers)
     server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
-    return LlamaIndexBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
+    return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
 async def _measure(

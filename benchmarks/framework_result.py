@@ -1,0 +1,59 @@
+"""What a framework benchmark (`--langchain`, `--llamaindex`) measured, in one shape.
+
+Both compare the framework's own execution with `teola.optimize` on the same example,
+the same simulated servers and the same inputs; latencies are per query, by system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.table import Table
+
+from teola_benchmarks.stats import summarize
+
+
+@dataclass
+class FrameworkBenchResult:
+    example: str
+    queries: int
+    concurrency: int
+    time_scale: float
+    batching: str
+    latencies: dict[str, list[float]]
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {name: summarize(values) for name, values in self.latencies.items()}
+
+    def speedups(self) -> dict[str, float]:
+        """Mean latency of each other system divided by Teola's (> 1: Teola is faster)."""
+        s = self.summary()
+        return {name: s[name]["mean_s"] / s["teola"]["mean_s"] for name in s if name != "teola"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "example": self.example,
+            "queries": self.queries,
+            "concurrency": self.concurrency,
+            "time_scale": self.time_scale,
+            "batching": self.batching,
+            "systems": self.summary(),
+            "speedup_vs": self.speedups(),
+            "server": self.server,
+        }
+
+    def table(self, what: str) -> Table:
+        """A rich table of every system's mean, p50, p99 and its mean against Teola's."""
+        table = Table(
+            title=f"{what}: {self.queries} queries, concurrency {self.concurrency}, "
+            f"time scale {self.time_scale}, {self.batching} batching"
+        )
+        for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
+            table.add_column(column, justify="right" if column != "system" else "left")
+        speedups = self.speedups()
+        for name, s in self.summary().items():
+            ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
+            table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
+        return table
