@@ -132,7 +132,6 @@ class EngineRegistry:
     def __init__(self, contexts: ContextRegistry) -> None:
         self.contexts = contexts
         self.engines = EngineSet()
-        self._by_id: dict[int, tuple[object, str]] = {}
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
         return self._get(model, "llm", lambda name: LangChainLLMEngine(name, model, self.contexts))
@@ -144,14 +143,4 @@ class EngineRegistry:
         return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
 
     def _get(self, component: object, prefix: str, make: Any) -> str:
-        known = self._by_id.get(id(component))
-        if known is not None and known[0] is component:
-            return known[1]
-        base = f"{prefix}:{type(component).__name__}"
-        name, n = base, 1
-        while name in self.engines:
-            n += 1
-            name = f"{base}#{n}"
-        self.engines.add(make(name), name)
-        self._by_id[id(component)] = (component, name)
-        return name
+        return self.engines.engine_for(component, prefix, make)

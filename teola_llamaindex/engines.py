@@ -97,7 +97,6 @@ class EngineRegistry:
 
     def __init__(self) -> None:
         self.engines = EngineSet()
-        self._by_id: dict[tuple[str, int], tuple[object, str]] = {}
 
     def llm(self, llm: LLM) -> str:
         return self._get(llm, "llm", lambda name: LlamaIndexLLMEngine(name, llm))
@@ -109,14 +108,4 @@ class EngineRegistry:
         return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
 
     def _get(self, component: object, prefix: str, make: Callable[[str], Engine]) -> str:
-        known = self._by_id.get((prefix, id(component)))
-        if known is not None and known[0] is component:
-            return known[1]
-        base = f"{prefix}:{type(component).__name__}"
-        name, n = base, 1
-        while name in self.engines:
-            n += 1
-            name = f"{base}#{n}"
-        self.engines.add(make(name), name)
-        self._by_id[(prefix, id(component))] = (component, name)
-        return name
+        return self.engines.engine_for(component, prefix, make)

@@ -219,7 +219,6 @@ class _Router:
         self.depths = depths
         self.max_depth = max(depths.values(), default=1)
         self.run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("teola_workflow_run", default=None)
-        self._names: dict[tuple[str, int], tuple[object, str]] = {}
         self._graphs: dict[tuple[str, ...], Graph] = {}
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LocalRuntime] = weakref.WeakKeyDictionary()
         self._hooks: list[RuntimeHook] = []
@@ -228,17 +227,7 @@ class _Router:
 
     def register(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
         """The engine of `component` in `role` (one per object and role, named after its class)."""
-        known = self._names.get((role, id(component)))
-        if known is not None and known[0] is component:
-            return known[1]
-        base = f"{role}:{type(component).__name__}"
-        name, n = base, 1
-        while name in self.engines:
-            n += 1
-            name = f"{base}#{n}"
-        self.engines.add(make(name), name)
-        self._names[(role, id(component))] = (component, name)
-        return name
+        return self.engines.engine_for(component, role, make)
 
     def add_hook(self, hook: RuntimeHook) -> None:
         with self._lock:

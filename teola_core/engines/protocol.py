@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +116,8 @@ class EngineSet:
     """The engines a runtime uses, by name. Passed explicitly; there is no global registry."""
 
     engines: dict[str, Engine] = field(default_factory=dict)
+    # (role, id(component)) -> (component, engine name); the object is kept so its id stays its own
+    _components: dict[tuple[str, int], tuple[object, str]] = field(default_factory=dict, repr=False)
 
     def add(self, engine: Engine, name: str | None = None) -> EngineSet:
         key = name or engine.name
@@ -123,6 +125,25 @@ class EngineSet:
             raise ValueError(f"engine name {key!r} is already registered")
         self.engines[key] = engine
         return self
+
+    def engine_for(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
+        """The name of the engine that runs `component` in `role`, made on first use.
+
+        Framework adapters run a user's objects (a model, an embeddings object, a store)
+        as engines: one engine per object and role, named `role:ClassName` (`#2`, `#3`
+        when several objects of one class are used).
+        """
+        known = self._components.get((role, id(component)))
+        if known is not None and known[0] is component:
+            return known[1]
+        base = f"{role}:{type(component).__name__}"
+        name, n = base, 1
+        while name in self.engines:
+            n += 1
+            name = f"{base}#{n}"
+        self.add(make(name), name)
+        self._components[(role, id(component))] = (component, name)
+        return name
 
     def __getitem__(self, name: str) -> Engine:
         try:
