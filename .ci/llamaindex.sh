@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The LlamaIndex suites, one fresh venv per llama-index-core line (the two lines cannot
 # share an environment): 0.12.52.post1 (QueryPipeline + query engines + `teola bench
-# --llamaindex`) and 0.14.x (query engines, Workflows). Fails if pytest fails, or if a
+# --llamaindex`) and 0.14.x (query engines, Workflows), each with the OpenAILike client
+# release of its line (the prefix warm-up tests). Fails if pytest fails, or if a
 # line ran fewer tests than it must (so a suite that silently stopped being collected
 # fails CI). Venvs go to $TEOLA_LI_VENVS (default: a temporary folder, removed at exit).
 set -euo pipefail
@@ -15,15 +16,16 @@ else
   trap 'rm -rf "$BASE"' EXIT
 fi
 
-# line name, llama-index-core requirement, least passed tests, least passed QueryPipeline tests
+# line name, llama-index-core requirement, OpenAILike requirement, least passed tests,
+# least passed QueryPipeline tests
 run_line() {
-  local name="$1" spec="$2" least="$3" least_pipeline="$4"
+  local name="$1" spec="$2" openai_like="$3" least="$4" least_pipeline="$5"
   local venv="$BASE/venv-$name" report="$BASE/$name.xml"
   echo "== llamaindex: $name ($spec)"
   rm -rf "$venv"
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$spec" -e "$ROOT[dev,serve]"
+  "$venv/bin/python" -m pip install -q "$spec" "$openai_like" -e "$ROOT[dev,serve]"
   (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/llamaindex_adapter --junitxml="$report")
   "$venv/bin/python" - "$report" "$least" "$least_pipeline" "$name" <<'PY'
 import sys
@@ -39,6 +41,6 @@ if len(passed) < least or len(pipeline) < least_pipeline:
 PY
 }
 
-run_line li012 "llama-index-core==0.12.52.post1" 53 30
-run_line li014 "llama-index-core>=0.14,<0.15" 22 0
+run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 120 66
+run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 55 0
 echo "== llamaindex: both lines passed"

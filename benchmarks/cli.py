@@ -62,7 +62,18 @@ def add_bench_command(commands: Any) -> None:
         help=f"an example LlamaIndex QueryPipeline (llama-index-core <= 0.12), its own executor vs "
         f"teola.optimize, on simulated OpenAI-compatible servers ({', '.join(LLAMAINDEX_EXAMPLES)})",
     )
-    p.add_argument("--concurrency", type=int, default=4, help="--langchain/--llamaindex: queries in flight")
+    p.add_argument(
+        "--agents",
+        action="store_true",
+        help="concurrent ReAct agents (trace-driven) on a simulated LLM with a bounded KV pool: "
+        "the plain agent vs Teola's agent runtime, each feature alone and all together",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="--langchain/--llamaindex: queries in flight (default 4); --agents: concurrent agents (default 32)",
+    )
     p.add_argument(
         "--batching",
         choices=("dynamic", "request"),
@@ -73,8 +84,11 @@ def add_bench_command(commands: Any) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    if args.langchain and args.llamaindex:
-        raise SystemExit("teola bench: --langchain and --llamaindex are exclusive")
+    if sum(map(bool, (args.langchain, args.llamaindex, args.agents))) > 1:
+        raise SystemExit("teola bench: --langchain, --llamaindex and --agents are exclusive")
+    if args.agents:
+        return run_agents_bench(args)
+    args.concurrency = 4 if args.concurrency is None else args.concurrency
     if args.langchain:
         return run_langchain_bench(args)
     if args.llamaindex:
@@ -184,6 +198,48 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
         return 0
     Console().print(result.table(f"{result.example} (QueryPipeline)"))
+    return 0
+
+
+def run_agents_bench(args: argparse.Namespace) -> int:
+    """`--agents`: trace-driven agents on the simulated LLM (see `teola_benchmarks.agents`)."""
+    from teola_benchmarks.agents.bench import bench_agents, system_names
+    from teola_benchmarks.virtual_time import run_virtual
+
+    concurrency = 32 if args.concurrency is None else args.concurrency
+    if concurrency < 1:
+        raise SystemExit("teola bench: --concurrency must be >= 1")
+    time_scale = 1.0 if args.time_scale is None else args.time_scale  # virtual time: no need to scale
+    if time_scale <= 0:
+        raise SystemExit("teola bench: --time-scale must be > 0")
+    systems = system_names() if args.systems == ",".join(SYSTEMS) else tuple(s.strip() for s in args.systems.split(","))
+    try:
+        result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
+            bench_agents(concurrency=concurrency, time_scale=time_scale, seed=args.seed, systems=systems)
+        )
+    except ValueError as exc:
+        raise SystemExit(f"teola bench: {exc}") from exc
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    table = Table(
+        title=f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens (answers identical)"
+    )
+    for column in ("system", "mean JCT s", "p95 JCT s", "recomputed prefill", "prefix hit rate", "vs plain"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    plain = result.systems.get("plain")
+    for name, r in result.systems.items():
+        s = r.summary()
+        ratio = f"{plain.summary()['mean_s'] / s['mean_s']:.2f}x" if plain else "-"
+        table.add_row(
+            name,
+            f"{s['mean_s']:.1f}",
+            f"{s['p95_s']:.1f}",
+            f"{s['recomputed_prefill_tokens']:,}",
+            f"{s['prefix_hit_rate']:.1%}",
+            ratio,
+        )
+    Console().print(table)
     return 0
 
 

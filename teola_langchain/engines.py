@@ -5,15 +5,25 @@ embeddings and the vector store of the original chain. Each component object get
 engine (by identity), so every step and every query that uses it shares its engine
 scheduler, which is what lets calls from concurrent queries batch.
 
-- `LangChainLLMEngine`: prefill records the prompt (a LangChain model has no prefill
-  API, so partial and full prefill are bookkeeping); decode calls the step's runnable —
-  the model, or the `RunnableBinding` around it — with `ainvoke(prompt, config)`, the
-  query's config merged with the bindings' as LangChain merges them; a streamed decode
-  (decode pipelining) uses `astream` and yields the chunks' text.
+- `LangChainLLMEngine`: decode calls the step's runnable — the model, or the
+  `RunnableBinding` around it — with `ainvoke(prompt, config)`, the query's config
+  merged with the bindings' as LangChain merges them; a streamed decode (decode
+  pipelining) uses `astream` and yields the chunks' text. A LangChain model has no
+  prefill API: PREFILL and FULL_PREFILL record the prompt (the model's own request
+  prefills it). PARTIAL_PREFILL warms the model's server when the engine has a
+  `PrefixWarmer` — by default for a langchain-openai `ChatOpenAI`/`OpenAI` with a
+  `base_url` (a vLLM server: `openai_server.py`) — and is bookkeeping otherwise. The
+  answer is the model's own either way.
 - `LangChainEmbeddingEngine`: `aembed_query` per text, or one `aembed_documents` for a
   whole batch when `retrievers.batchable_embeddings` proves it equal.
 - `LangChainVectorStoreEngine`: `asimilarity_search_by_vector(v, **search_kwargs)` per
-  vector.
+  vector; for a store whose sync and async searches are different code
+  (`retrievers.follows_mode`, e.g. langchain-postgres's `PGVector`), a query made
+  through a sync method searches with `similarity_search_by_vector` in a worker thread,
+  as LangChain's sync path does.
+
+Which engine runs a component can be chosen: `EngineChoices`, the `engines=` option of
+`teola.optimize`.
 
 Every engine returns one result per call; an exception fails that call only.
 
@@ -28,7 +38,7 @@ together). Only the proven `aembed_documents` path batches across queries.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
@@ -38,10 +48,11 @@ from langchain_core.vectorstores import VectorStore
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet, PerCallEngine
-from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_langchain.context import ContextRegistry
+from teola_langchain.openai_server import PrefixWarmer, openai_compatible
 from teola_langchain.parsers import ParserItems, output_text
-from teola_langchain.retrievers import batchable_embeddings
+from teola_langchain.retrievers import batchable_embeddings, follows_mode
 
 
 class LangChainLLMEngine(OpaqueModelEngine):
@@ -49,10 +60,26 @@ class LangChainLLMEngine(OpaqueModelEngine):
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)  # one call per batch: see the module docstring
 
-    def __init__(self, name: str, model: BaseLanguageModel[Any], contexts: ContextRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: BaseLanguageModel[Any],
+        contexts: ContextRegistry,
+        warmer: PrefixWarmer | None = None,
+    ) -> None:
         self.name = name
         self.model = model
-        self._contexts = contexts
+        self.contexts = contexts
+        self.warmer = warmer
+
+    def with_warmer(self, warmer: PrefixWarmer | None) -> LangChainLLMEngine:
+        """The same model's engine, warming prefixes with `warmer` (None: not at all)."""
+        return LangChainLLMEngine(self.name, self.model, self.contexts, warmer)
+
+    async def run_call(self, call: Call) -> dict[str, Any]:
+        if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None:
+            await self.warmer.warm(self.model, self._runnable(call), call.inputs["prefix"])
+        return await super().run_call(call)
 
     async def generate(self, call: Call, prompt: Any) -> Any:
         return await self._runnable(call).ainvoke(prompt, self._config(call))
@@ -71,7 +98,7 @@ class LangChainLLMEngine(OpaqueModelEngine):
         return call.node.config.get("runnable", self.model)
 
     def _config(self, call: Call) -> Any:
-        return self._contexts[call.query_id].step_config(call.node.config.get("bound_config", ()))
+        return self.contexts[call.query_id].step_config(call.node.config.get("bound_config", ()))
 
 
 class LangChainEmbeddingEngine(Engine):
@@ -114,33 +141,137 @@ class LangChainVectorStoreEngine(PerCallEngine):
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
 
-    def __init__(self, name: str, store: VectorStore) -> None:
+    def __init__(self, name: str, store: VectorStore, contexts: ContextRegistry) -> None:
         self.name = name
         self.store = store
+        self.contexts = contexts
+        self.follows_mode = follows_mode(store)
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         kwargs = dict(call.node.config.get("search_kwargs", {}))
-        hits = await asyncio.gather(
-            *(self.store.asimilarity_search_by_vector(v, **kwargs) for v in call.inputs["vectors"])
-        )
+        vectors = call.inputs["vectors"]
+        if self.follows_mode and self.contexts[call.query_id].sync:
+            search = self.store.similarity_search_by_vector
+            hits = await asyncio.gather(*(asyncio.to_thread(search, v, **kwargs) for v in vectors))
+        else:
+            hits = await asyncio.gather(*(self.store.asimilarity_search_by_vector(v, **kwargs) for v in vectors))
         return {"hits": list(hits)}
+
+
+Chooser = Callable[[Any, Engine], Engine | None]
+EngineOption = Mapping[Any, Engine] | Iterable[tuple[Any, Engine]] | Chooser | None
+
+# What an engine must run for each role a component can have in a traced chain.
+ROLE_KINDS: dict[str, frozenset[PrimitiveKind]] = {
+    "llm": LLM_KINDS,
+    "embed": frozenset({PrimitiveKind.EMBED}),
+    "vectordb": frozenset({PrimitiveKind.SEARCH}),
+}
+
+
+class EngineChoices:
+    """The `engines=` option of `teola.optimize`: which Teola engine runs a component of the chain.
+
+    The option is one of:
+
+    - pairs `(component, engine)`, matched by identity: a list, or a dict when the
+      components are hashable (LangChain's models and embeddings are pydantic objects,
+      which are not, so a list of pairs is the usual form). A component the chain does
+      not use is an error (`unused`).
+    - a function `choose(component, default) -> engine | None`, asked for every model,
+      embeddings object and vector store the chain uses; `default` is the engine Teola
+      would use (wrap it, or fall back to it); None keeps it.
+
+    The engine runs every primitive of that component (all queries share it), so it must
+    run the primitives of the component's role (`ROLE_KINDS`) with the values Teola's
+    own LangChain engines take and give: an LLM's prompts are LangChain prompt values
+    (`PromptPrefix` for a partial prefill) and its DECODE `text` is what the model's
+    `invoke` returns; EMBED `texts` -> `vectors`; SEARCH `vectors` -> `hits` (lists of
+    LangChain `Document`s). What it computes is then the chain's result: Teola cannot
+    check it against the component.
+
+    One engine is made to keep LangChain's results by construction: a `VLLMHTTPEngine`
+    given for a language model. The model keeps making its own calls (the answer is
+    LangChain's), and Teola's prefix warm-ups go to that engine's vLLM server, with that
+    engine's settings (block size, timeouts, retries, client). This is what Teola does by
+    default for a langchain-openai model with a `base_url`; give the engine to name
+    another server or settings, or turn the warm-ups off with a chooser.
+
+        fast = teola.optimize(chain, engines=[(llm, VLLMHTTPEngine(url, "my-model", block_size=128))])
+        no_warm_ups = lambda c, default: default.with_warmer(None) if isinstance(default, LangChainLLMEngine) else None
+        fast = teola.optimize(chain, engines=no_warm_ups)
+    """
+
+    def __init__(self, option: EngineOption = None) -> None:
+        self._choose: Chooser | None = None
+        self._pairs: list[tuple[Any, Engine]] = []
+        if option is None:
+            pass
+        elif isinstance(option, Mapping):
+            self._pairs = list(option.items())
+        elif callable(option):
+            self._choose = option
+        else:
+            for pair in option:
+                if not (isinstance(pair, tuple) and len(pair) == 2):
+                    raise TypeError(f"engines=: expected (component, engine) pairs, got {pair!r}")
+                self._pairs.append(pair)
+        self._used: set[int] = set()
+
+    def engine(self, component: Any, role: str, default: Engine) -> Engine:
+        """The engine that runs `component` in `role` (`default` unless the option names another)."""
+        chosen: Engine | None = None
+        for i, (c, e) in enumerate(self._pairs):
+            if c is component:
+                chosen = e
+                self._used.add(i)
+        if chosen is None and self._choose is not None:
+            chosen = self._choose(component, default)
+        if chosen is None or chosen is default:
+            return default
+        if role == "llm" and isinstance(default, LangChainLLMEngine) and _is_vllm_http(chosen):
+            return default.with_warmer(PrefixWarmer(chosen))
+        if not isinstance(chosen, Engine):
+            raise TypeError(f"engines=: {type(component).__name__} was given {chosen!r}, which is not a Teola Engine")
+        missing = ROLE_KINDS[role] - chosen.kinds
+        if missing:
+            raise TypeError(
+                f"engines=: {type(chosen).__name__} cannot run {type(component).__name__}'s primitives: "
+                f"it lacks {sorted(k.value for k in missing)}"
+            )
+        return chosen
+
+    def unused(self) -> list[Any]:
+        """The components of the pairs that no traced step used."""
+        return [c for i, (c, _) in enumerate(self._pairs) if i not in self._used]
+
+
+def _is_vllm_http(engine: object) -> bool:
+    from teola_adapters.vllm_http.engine import VLLMHTTPEngine
+
+    return isinstance(engine, VLLMHTTPEngine)
 
 
 class EngineRegistry:
     """One engine per component object, named after its class; builds the `EngineSet`."""
 
-    def __init__(self, contexts: ContextRegistry) -> None:
+    def __init__(self, contexts: ContextRegistry, choices: EngineChoices | None = None) -> None:
         self.contexts = contexts
         self.engines = EngineSet()
+        self.choices = choices or EngineChoices()
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
-        return self._get(model, "llm", lambda name: LangChainLLMEngine(name, model, self.contexts))
+        def make(name: str) -> LangChainLLMEngine:
+            warmer = PrefixWarmer.for_model(model) if openai_compatible(model) else None
+            return LangChainLLMEngine(name, model, self.contexts, warmer)
+
+        return self._get(model, "llm", make)
 
     def embeddings(self, embeddings: Embeddings) -> str:
         return self._get(embeddings, "embed", lambda name: LangChainEmbeddingEngine(name, embeddings))
 
     def vectorstore(self, store: VectorStore) -> str:
-        return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
+        return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store, self.contexts))
 
-    def _get(self, component: object, prefix: str, make: Any) -> str:
-        return self.engines.engine_for(component, prefix, make)
+    def _get(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
+        return self.engines.engine_for(component, role, lambda name: self.choices.engine(component, role, make(name)))

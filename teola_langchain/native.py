@@ -11,8 +11,9 @@ The components are plain LangChain (a user can run them without Teola):
   query is embedded alone (batching changes a vector in its 7th digit).
 - `PgVectorCollection`: a LangChain `VectorStore` over one collection of a `PgVectorStore`.
 
-`optimize_native(chain, ...)` is `teola.optimize` plus the mapping to native engines,
-each provably the same computation:
+`optimize_native(chain, ...)` is `teola.optimize(chain, engines=native_engines(...))`:
+the public `engines=` option maps these components to native engines, each provably the
+same computation:
 
 - a `ChatSmolLM` step runs on `NativeChatEngine`, which renders the prompt with the same
   `render_chat` the model uses and hands the model's own `LlamaCppEngine` the PREFILL /
@@ -58,10 +59,8 @@ from teola_core.engines.protocol import Call, CallResult, Engine
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
-from teola_core.passes import PassContext, PassManager
-from teola_core.runtime.base import RuntimeHook
 from teola_langchain import retrievers
-from teola_langchain.engines import LangChainLLMEngine
+from teola_langchain.engines import Chooser, LangChainLLMEngine
 from teola_langchain.prompts import PromptPrefix
 from teola_langchain.runnable import TeolaRunnable
 
@@ -319,47 +318,29 @@ def register_store_proof() -> None:
     """
     retrievers._PROVEN_STORES.setdefault(
         PgVectorCollection,
-        (
+        retrievers.StoreProof(
             frozenset({"k"}),
             ("similarity_search", "asimilarity_search", "similarity_search_by_vector", "asimilarity_search_by_vector"),
         ),
     )
 
 
-class NativeRunnable(TeolaRunnable):
-    """`TeolaRunnable` whose `ChatSmolLM` steps run on `NativeChatEngine`, with runtime hooks.
+def native_engines(replicas: Sequence[Any] = ()) -> Chooser:
+    """The `engines=` choice that runs each `ChatSmolLM` of a chain on a `NativeChatEngine`.
 
-    hooks: runtime hooks (`on_span(PrimitiveSpan)`) added to every runtime it creates.
     replicas: more `LlamaCppEngine`s loaded with the same model file and settings as the
       `ChatSmolLM`'s engine (the same computation, so the same greedy text); each query's
       calls stay on one instance (its KV states are there), queries spread over them.
-    The passes run after the engines are swapped, so they plan with the native profiles.
+    Other components keep Teola's default engines. The engines are chosen while the chain
+    is traced, so the passes plan with the native engines' profiles.
     """
 
-    def __init__(
-        self,
-        runnable: Any,
-        *,
-        hooks: Sequence[RuntimeHook] = (),
-        replicas: Sequence[Any] = (),
-        passes: Any = True,
-        **options: Any,
-    ) -> None:
-        register_store_proof()
-        super().__init__(runnable, passes=False, hooks=hooks, **options)
-        engines = self._engines.engines.engines
-        for name, engine in list(engines.items()):
-            if isinstance(engine, LangChainLLMEngine) and type(engine.model) is ChatSmolLM:
-                engines[name] = NativeChatEngine(name, engine.model, engine, _same_model(engine.model.engine, replicas))
-        self.profiles = {**self._engines.engines.profiles(), **(options.get("profiles") or {})}
-        if passes is False:
-            return
-        manager = passes if isinstance(passes, PassManager) else PassManager()
-        graphs = self.plan.graphs() + (self.stream_head.graphs() if self.stream_head is not None else [])
-        for sub in graphs:
-            result = manager.optimize(sub.pgraph, PassContext(profiles=self.profiles))
-            sub.graph = result.e_graph
-            sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]
+    def choose(component: Any, default: Engine) -> Engine | None:
+        if type(component) is ChatSmolLM and isinstance(default, LangChainLLMEngine):
+            return NativeChatEngine(default.name, component, default, _same_model(component.engine, replicas))
+        return None
+
+    return choose
 
 
 def _same_model(engine: Any, replicas: Sequence[Any]) -> list[Any]:
@@ -372,6 +353,10 @@ def _same_model(engine: Any, replicas: Sequence[Any]) -> list[Any]:
     return list(replicas)
 
 
-def optimize_native(runnable: Any, **options: Any) -> NativeRunnable:
-    """`teola.optimize` with native engines for the components above (options: `TeolaRunnable`'s, `hooks`)."""
-    return NativeRunnable(runnable, **options)
+def optimize_native(runnable: Any, *, replicas: Sequence[Any] = (), **options: Any) -> TeolaRunnable[Any, Any]:
+    """`teola.optimize(runnable, engines=native_engines(replicas), **options)`, with the store proof registered.
+
+    (It builds the `TeolaRunnable` itself: such a chain is never a LangGraph agent.)
+    """
+    register_store_proof()
+    return TeolaRunnable(runnable, engines=native_engines(replicas), **options)

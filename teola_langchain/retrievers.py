@@ -10,6 +10,12 @@ must not have overridden them on the instance. Anything else — another search 
 a search kwarg the proof does not cover, an unknown store, a retriever subclass — is
 one opaque call of the retriever (with a warning that names the reason).
 
+Stores of other packages are proven by their qualified class name and the versions of
+the package whose source was read (`_PROVEN_STORES_BY_NAME`), so Teola imports none of
+them: other versions keep their retrievers opaque until their source is read. A proof
+may say the store's sync and async searches are different code (`follows_mode`): its
+SEARCH then runs the sync method for queries made through sync methods, as LangChain does.
+
 Embedding batching across queries: EMBED calls from several queries may be sent as one
 `embed_documents` only for embedding classes whose `embed_query(x)` is by construction
 `embed_documents([x])[0]` (`_BATCHABLE_EMBEDDINGS`, exact class). For every other class
@@ -20,6 +26,7 @@ change results.
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +34,24 @@ from typing import Any
 from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
+from packaging.version import InvalidVersion, Version
 
 from teola_langchain.classes import class_of
+
+
+@dataclass(frozen=True)
+class StoreProof:
+    """Why a store's `similarity_search(q, **kw)` is `similarity_search_by_vector(embed_query(q), **kw)`.
+
+    kwargs: the search kwargs the proof covers. methods: the methods it reads (an
+    instance that overrides one is not covered). follows_mode: the sync and async
+    searches are different code, so a query searches the way its caller called.
+    """
+
+    kwargs: frozenset[str]
+    methods: tuple[str, ...]
+    follows_mode: bool = False
+
 
 # InMemoryVectorStore (langchain-core 1.8, vectorstores/in_memory.py):
 #   similarity_search(q, k, **kw) -> similarity_search_with_score(q, k, **kw)
@@ -37,8 +60,8 @@ from teola_langchain.classes import class_of
 #   asimilarity_search(...) -> aembed_query(q), then the same sync search;
 #   asimilarity_search_by_vector(v, k, **kw) -> similarity_search_by_vector(v, k, **kw).
 #   The default k is 4 on both paths; `filter` is the only search kwarg it reads.
-_PROVEN_STORES: dict[type[VectorStore], tuple[frozenset[str], tuple[str, ...]]] = {
-    InMemoryVectorStore: (
+_PROVEN_STORES: dict[type[VectorStore], StoreProof] = {
+    InMemoryVectorStore: StoreProof(
         frozenset({"k", "filter"}),
         (
             "similarity_search",
@@ -48,6 +71,34 @@ _PROVEN_STORES: dict[type[VectorStore], tuple[frozenset[str], tuple[str, ...]]] 
             "similarity_search_by_vector",
             "asimilarity_search_by_vector",
             "similarity_search_with_score_by_vector",
+        ),
+    ),
+}
+
+# PGVector (langchain-postgres 0.0.19, langchain_postgres/vectorstores.py):
+#   similarity_search(q, k=4, filter=None, **ignored) -> embed_query(q)
+#     -> similarity_search_by_vector(v, k, filter) -> similarity_search_with_score_by_vector
+#     -> one query on the store's sync engine (asserts the store is not in async mode);
+#   asimilarity_search(q, k=4, filter=None, **ignored) -> lazy async init, aembed_query(q)
+#     -> asimilarity_search_by_vector(v, k, filter) -> asimilarity_search_with_score_by_vector
+#     -> the same query on its async engine (asserts async mode; lazy init again, idempotent).
+#   Documents are built from the rows alike on both paths; `k` and `filter` are the only
+#   search kwargs read. The sync and async paths use different engines: follows_mode.
+_PROVEN_STORES_BY_NAME: dict[str, tuple[str, tuple[str, str], StoreProof]] = {
+    "langchain_postgres.vectorstores.PGVector": (
+        "langchain-postgres",
+        ("0.0.19", "0.1"),  # versions read, as [first, before)
+        StoreProof(
+            frozenset({"k", "filter"}),
+            (
+                "similarity_search",
+                "asimilarity_search",
+                "similarity_search_by_vector",
+                "asimilarity_search_by_vector",
+                "similarity_search_with_score_by_vector",
+                "asimilarity_search_with_score_by_vector",
+            ),
+            follows_mode=True,
         ),
     ),
 }
@@ -74,14 +125,13 @@ def decompose(retriever: BaseRetriever) -> Decomposition | str:
     if retriever.search_type != "similarity":
         return f"search_type {retriever.search_type!r} (only 'similarity' is decomposed)"
     store = retriever.vectorstore
-    proof = _PROVEN_STORES.get(class_of(store))
-    if proof is None:
-        return f"no equivalence proof for vector store {type(store).__name__}"
-    allowed, methods = proof
-    extra = set(retriever.search_kwargs) - allowed
+    proof = store_proof(store)
+    if isinstance(proof, str):
+        return proof
+    extra = set(retriever.search_kwargs) - proof.kwargs
     if extra:
         return f"search kwargs {sorted(extra)} are not covered by the proof for {type(store).__name__}"
-    if any(name in vars(store) for name in methods):
+    if any(name in vars(store) for name in proof.methods):
         return f"the {type(store).__name__} instance overrides a search method"
     embeddings = store.embeddings
     if embeddings is None:
@@ -90,6 +140,32 @@ def decompose(retriever: BaseRetriever) -> Decomposition | str:
     if k is None:
         k = inspect.signature(type(store).similarity_search_by_vector).parameters["k"].default
     return Decomposition(store, embeddings, dict(retriever.search_kwargs), int(k))
+
+
+def store_proof(store: VectorStore) -> StoreProof | str:
+    """The proof for the store's exact class, or why there is none."""
+    cls = class_of(store)
+    proof = _PROVEN_STORES.get(cls)
+    if proof is not None:
+        return proof
+    known = _PROVEN_STORES_BY_NAME.get(f"{cls.__module__}.{cls.__qualname__}")
+    if known is None:
+        return f"no equivalence proof for vector store {cls.__name__}"
+    distribution, (first, before), proof = known
+    try:
+        version = importlib.metadata.version(distribution)
+        covered = Version(first) <= Version(version) < Version(before)
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        version, covered = "an unknown version", False
+    if not covered:
+        return f"the proof for {cls.__name__} covers {distribution} >= {first}, < {before}, not {version}"
+    return proof
+
+
+def follows_mode(store: VectorStore) -> bool:
+    """Whether the store's sync and async searches are different code (see `StoreProof`)."""
+    proof = store_proof(store)
+    return not isinstance(proof, str) and proof.follows_mode
 
 
 def batchable_embeddings(embeddings: Embeddings) -> bool:

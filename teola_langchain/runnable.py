@@ -6,6 +6,8 @@
     await fast.abatch(questions, {"max_concurrency": 8})
     print(fast.explain())                     # p-graph, passes, e-graph, Mermaid
 
+    fast = optimize(chain, engines=[(llm, my_engine)])   # run a component on an engine you choose
+
 What a call does: it opens one callback run for the chain (as the chain itself would,
 with its name, tags and metadata), runs the traced graph on the runtime backend with
 the run's child config handed to every user step and model call, and returns the
@@ -65,7 +67,7 @@ from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoo
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.context import ContextRegistry, QueryContext
-from teola_langchain.engines import EngineRegistry
+from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry
 from teola_langchain.explain import mermaid, section
 from teola_langchain.models import streaming_split, streams_as_invoked
 from teola_langchain.steps import run_graph
@@ -87,6 +89,11 @@ class TeolaRunnable(Runnable[Input, Output]):
         warn: warn once for each step that stays opaque.
         hooks: runtime hooks (e.g. `teola_core.runtime.timeline.SpanRecorder`) added to
             every runtime this runnable creates: they see each primitive's span.
+        engines: which Teola engine runs a model, embeddings object or vector store of
+            the chain: `(component, engine)` pairs (a list; a dict if the components are
+            hashable), or a function `(component, default_engine) -> engine | None`. A
+            `VLLMHTTPEngine` given for a model keeps LangChain's answers and warms that
+            vLLM server's prefix cache. See `teola_langchain.engines.EngineChoices`.
     """
 
     def __init__(
@@ -100,6 +107,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         expected_items: int | None = None,
         warn: bool = True,
         hooks: Sequence[RuntimeHook] = (),
+        engines: EngineOption = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -109,7 +117,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.backend = backend
         self.policy = policy
         self._contexts = ContextRegistry()
-        self._engines = EngineRegistry(self._contexts)
+        choices = EngineChoices(engines)
+        self._engines = EngineRegistry(self._contexts, choices)
         session = TraceSession(self._engines, warn=warn, expected_items=expected_items)
         self.plan: TracedChain = session.trace(original)
         self.stream_head: TracedChain | None = None
@@ -124,6 +133,13 @@ class TeolaRunnable(Runnable[Input, Output]):
                 self.stream_head = session.trace(head, name=f"{self.name}:stream-head")
         else:
             self._stream_original = True
+        unused = choices.unused()
+        if unused:
+            raise ValueError(
+                "engines= names components that no traced step runs on an engine (matched by identity: "
+                "the chain does not use them, or only inside a step Teola runs as one opaque call, see "
+                "explain()): " + ", ".join(type(c).__name__ for c in unused)
+            )
         self.profiles = {**self._engines.engines.profiles(), **(profiles or {})}
         for sub in self._graphs():
             _optimize_graph(sub, passes, self.profiles)
@@ -410,9 +426,20 @@ def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyPr
     sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]
 
 
-def optimize(runnable: Runnable[Any, Any] | Any, **options: Any) -> TeolaRunnable[Any, Any]:
+def optimize(runnable: Runnable[Any, Any] | Any, **options: Any) -> Runnable[Any, Any]:
     """Trace `runnable` (any LangChain runnable, or a dict of them) and return its drop-in.
 
-    Options: see `TeolaRunnable`.
+    Options: see `TeolaRunnable`. A LangGraph graph (a LangChain agent from
+    `create_agent`) goes to `teola_langchain.agents` (options: see `OptimizedAgent`).
     """
+    if any(c.__module__.split(".")[0] == "langgraph" for c in type(runnable).__mro__):
+        try:
+            from teola_langchain.agents import optimize_agent
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and exc.name.split(".")[0] == "langchain":
+                raise ModuleNotFoundError(
+                    "teola.optimize(agent) needs langchain 1.x: pip install 'teola[langchain]'", name=exc.name
+                ) from exc
+            raise
+        return optimize_agent(runnable, **options)
     return TeolaRunnable(runnable, **options)

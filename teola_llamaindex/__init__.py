@@ -7,6 +7,7 @@
     str(fast.query("...")) == str(engine.query("..."))
     fast = optimize(workflow)                  # Workflow: same run(...), model calls on Teola
     await fast.run(topic="...") == await workflow.run(topic="...")
+    fast = optimize(agent)                     # FunctionAgent / ReActAgent: see `agents`
 
 Needs `llama-index-core` (`pip install 'teola[llamaindex]'`).
 """
@@ -33,7 +34,9 @@ else:
 def optimize(obj: Any, **options: Any) -> Any:
     """The Teola drop-in for a `QueryPipeline`, a `Workflow` or a `RetrieverQueryEngine`."""
     if isinstance(obj, Workflow):
-        return TeolaWorkflow(obj, **options)
+        from teola_llamaindex.agents import TeolaAgent, is_workflow_agent  # agents are workflows
+
+        return TeolaAgent(obj, **options) if is_workflow_agent(obj) else TeolaWorkflow(obj, **options)
     if QueryPipeline is not None and isinstance(obj, QueryPipeline):
         return TeolaQueryPipelineExecutor(obj, **options)
     return TeolaQueryEngine(obj, **options)

@@ -4,8 +4,15 @@ One engine per component object (by identity), so every module and every concurr
 query that uses it shares one engine scheduler; that is what lets calls batch.
 
 - `LlamaIndexLLMEngine`: prefill records the prompt (a LlamaIndex LLM has no prefill
-  API, so partial and full prefill are bookkeeping); decode calls
-  `llm.acomplete(prompt, formatted=True)`, what `LLMCompleteComponent` calls.
+  API, so partial and full prefill are bookkeeping); decode calls the LLM as the node's
+  `api` config says: "complete" (default) `llm.acomplete(prompt, formatted=True)`, what
+  `LLMCompleteComponent` calls, giving the `CompletionResponse`; "predict" the same call
+  giving its `.text`, what `LLM.apredict` computes for a completion model without an
+  output parser; "chat" `llm.achat(messages)` giving `.message.content or ""`, what
+  `apredict` computes for a chat model.
+- `OpenAICompatibleLLMEngine`: the same for an `OpenAILike` / `OpenAI` client (see
+  `openai_compat`): decode is still the user's object, and a partial prefill also warms
+  the ready prefix in the server's prefix cache through Teola's `VLLMHTTPEngine`.
 - `LlamaIndexEmbeddingEngine`: EMBED over query bundles: the query embedding exactly as
   `VectorIndexRetriever._aretrieve` computes it
   (`embed_model.aget_agg_embedding_from_queries(bundle.embedding_strs)`), or the
@@ -13,10 +20,18 @@ query that uses it shares one engine scheduler; that is what lets calls batch.
 - `LlamaIndexRetrieverEngine`: SEARCH: `retriever.aretrieve(QueryBundle(query_str,
   embedding=vector))`; with the embedding given, the retriever runs only its search
   and node lookup, so EMBED + SEARCH equals `retriever.aretrieve(query)`.
+- `LlamaIndexRerankEngine`: RERANK with a node postprocessor (see `rerank`).
 
 Models are always called through their async API (as the LangChain adapter does);
 user steps follow the caller (see `common.QueryContext`). Every engine returns one
 result per call; an exception fails that call only.
+
+Engines that send each call on its own take one call per batch (`max_batch_items=1`,
+many batches at once), as the LangChain adapter's do: a batch's results come back
+together, when its slowest call is done, so grouping calls that are not computed
+together would only make the fast ones wait (an expansion decode of one query held
+until another query's answer decode ended). Only engines with a proven joint call
+(`rerank.batch_rerank_proof`) take several calls per batch.
 """
 
 from __future__ import annotations
@@ -45,19 +60,25 @@ def needs_embedding(retriever: Any) -> bool:
 class LlamaIndexLLMEngine(OpaqueModelEngine):
     """A LlamaIndex `LLM` (see the module docstring)."""
 
+    limits = EngineLimits(concurrency=64, max_batch_items=1)  # one call per batch: see the module docstring
+
     def __init__(self, name: str, llm: LLM) -> None:
         self.name = name
         self.llm = llm
 
     async def generate(self, call: Call, prompt: Any) -> Any:
-        return await self.llm.acomplete(prompt, formatted=True)
+        api = call.node.config.get("api", "complete")
+        if api == "chat":
+            return (await self.llm.achat(prompt)).message.content or ""
+        response = await self.llm.acomplete(prompt, formatted=True)
+        return response.text if api == "predict" else response
 
 
 class LlamaIndexEmbeddingEngine(PerCallEngine):
     """Query embeddings of a retriever's embed model (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.EMBED})
-    limits = EngineLimits(concurrency=16)
+    limits = EngineLimits(concurrency=16, max_batch_items=1)
 
     def __init__(self, name: str, embed_model: BaseEmbedding) -> None:
         self.name = name
@@ -77,7 +98,7 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
     """The search half of a `VectorIndexRetriever` (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.SEARCH})
-    limits = EngineLimits(concurrency=16)
+    limits = EngineLimits(concurrency=16, max_batch_items=1)
 
     def __init__(self, name: str, retriever: BaseRetriever) -> None:
         self.name = name
@@ -93,19 +114,32 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
 
 
 class EngineRegistry:
-    """One engine per component object, named after its class; builds the `EngineSet`."""
+    """One engine per component object, named after its class; builds the `EngineSet`.
 
-    def __init__(self) -> None:
+    `warm_prefix`: for `OpenAILike` / `OpenAI` completion models, warm the ready prefix
+    of a split prefill on the model's server (see `openai_compat`); False keeps the
+    plain LLM engine.
+    """
+
+    def __init__(self, *, warm_prefix: bool = True) -> None:
         self.engines = EngineSet()
+        self.warm_prefix = warm_prefix
 
     def llm(self, llm: LLM) -> str:
-        return self._get(llm, "llm", lambda name: LlamaIndexLLMEngine(name, llm))
+        from teola_llamaindex.openai_compat import llm_engine
+
+        return self._get(llm, "llm", lambda name: llm_engine(name, llm, warm_prefix=self.warm_prefix))
 
     def embedding(self, embed_model: BaseEmbedding) -> str:
         return self._get(embed_model, "embed", lambda name: LlamaIndexEmbeddingEngine(name, embed_model))
 
     def retriever(self, retriever: BaseRetriever) -> str:
         return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
+
+    def reranker(self, postprocessor: Any) -> str:
+        from teola_llamaindex.rerank import LlamaIndexRerankEngine
+
+        return self._get(postprocessor, "rerank", lambda name: LlamaIndexRerankEngine(name, postprocessor))
 
     def _get(self, component: object, prefix: str, make: Callable[[str], Engine]) -> str:
         return self.engines.engine_for(component, prefix, make)

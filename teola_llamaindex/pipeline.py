@@ -22,8 +22,12 @@ What QueryPipeline computes (its `_run_multi`/`_arun_multi`), and how it is trac
   user's LLM; `PromptComponent` over a plain `PromptTemplate` -> FORMAT with its
   literal/variable segments (so prefill split can prefill a ready prefix), rendered
   with LlamaIndex's own `SafeFormatter` rules; `RetrieverComponent` over a
-  `VectorIndexRetriever` -> EMBED + SEARCH (`retrieval`); every other module (input,
-  argument packs, postprocessors, synthesizers, `FnComponent`, unknown classes) -> one
+  `VectorIndexRetriever` -> EMBED + SEARCH (`retrieval`); `PostprocessorComponent` over
+  a reranking postprocessor -> RERANK (`rerank`); `SynthesizerComponent` over a compact,
+  simple_summarize or refine synthesizer -> plan + FORMAT + LLM, or the whole synthesizer
+  where that one call is needed (`synthesis`; its `query_str` reaches the FORMAT as soon
+  as its link delivers); every other module (input, argument packs, filtering
+  postprocessors, other synthesizers, `FnComponent`, unknown classes) -> one
   `call` running the component itself (`run_component` in a worker thread for sync
   calls, `arun_component` for async ones; `FnComponent` and unknown classes warn once
   with `OpaqueModuleWarning`). Each module's input validation and output validation
@@ -79,8 +83,11 @@ from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import SKIPPED, OpaqueModuleWarning, QueryContext, unwrap_error
 from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.formatting import segments_of
+from teola_llamaindex.openai_compat import warmup_notes
 from teola_llamaindex.optimizing import optimize_graph
+from teola_llamaindex.rerank import reranks, trace_rerank
 from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.synthesis import max_tokens_hint, trace_synthesis, why_opaque
 
 # Components whose run is cheap and pure: run inline, the same for sync and async calls.
 _INLINE = (InputComponent, ArgPackComponent, KwargPackComponent)
@@ -257,7 +264,7 @@ def _trace_module(
             else:
                 validated = b.call(_validate(component), {"kwargs": kwargs}, name="validate", inline=True)
                 prompt = b.call(_pick("prompt"), {"validated": validated}, name="prompt", inline=True)
-            out = b.llm(prompt, engine=engines.llm(component.llm), max_tokens=_max_tokens(component.llm))
+            out = b.llm(prompt, engine=engines.llm(component.llm), max_tokens=max_tokens_hint(component.llm))
             return b.call(_finish(component, "output"), {"value": out.text}, name="outputs", inline=True)
         if isinstance(component, PromptComponent) and (template := _formattable(component)) is not None:
             variables = list(template.variables)
@@ -282,6 +289,32 @@ def _trace_module(
                 values = {v: b.call_outputs(first, v) for v in variables}
             prompt = formats[key] = b.format(template, **values)
             return b.call(_finish(component, "prompt"), {"value": prompt}, name="outputs", inline=True)
+        if isinstance(component, PostprocessorComponent) and reranks(component.postprocessor):
+            validated = b.call(_validate(component), {"kwargs": kwargs}, name="validate", inline=True)
+            nodes = b.call(_pick("nodes"), {"validated": validated}, name="nodes", inline=True)
+            query = b.call(_pick_optional("query_str"), {"validated": validated}, name="query", inline=True)
+            engine = engines.reranker(component.postprocessor)
+            reranked = trace_rerank(b, engine, component.postprocessor, query, nodes, ctx, call="query_str")
+            return b.call(_finish(component, "nodes"), {"value": reranked}, name="outputs", inline=True)
+        if isinstance(component, SynthesizerComponent) and why_opaque(component.synthesizer) is None:
+            synthesizer = component.synthesizer
+            validated = b.call(_validate(component), {"kwargs": kwargs}, name="validate", inline=True)
+            nodes = b.call(_pick("nodes"), {"validated": validated}, name="nodes", inline=True)
+            partials = component.partial_dict
+            if static is not None and ("query_str" in static or "query_str" in partials):
+                early = static.get("query_str", ctx)  # partials win, as the merge does
+                query = b.call(_stringable("query_str", partials), {"value": early}, name="query", inline=True)
+            else:
+                query = b.call(_pick("query_str"), {"validated": validated}, name="query", inline=True)
+            response = trace_synthesis(
+                b,
+                engines,
+                synthesizer,
+                query,
+                nodes,
+                lambda: b.call(_synthesize(synthesizer), {"validated": validated, "ctx": ctx}, name="run"),
+            )
+            return b.call(_finish(component, "output"), {"value": response}, name="outputs", inline=True)
         if isinstance(component, RetrieverComponent) and decomposable(component.retriever):
             validated = b.call(_validate(component), {"kwargs": kwargs}, name="validate", inline=True)
             query = b.call(_pick("input"), {"validated": validated}, name="query", inline=True)
@@ -326,12 +359,6 @@ def _formattable(component: PromptComponent) -> Any:
     if prompt.kwargs or prompt.output_parser is not None or prompt.template_var_mappings or prompt.function_mappings:
         return None
     return segments_of(prompt.template, component.input_keys.required_keys)
-
-
-def _max_tokens(llm: Any) -> int:
-    """A planning hint only (results never depend on it): the LLM's declared output length."""
-    num_output = getattr(llm.metadata, "num_output", -1)
-    return num_output if isinstance(num_output, int) and num_output > 0 else 256
 
 
 # -- the functions behind the call nodes -------------------------------------------------
@@ -390,6 +417,25 @@ def _pick(key: str) -> Callable[..., Any]:
         return validated[key]
 
     return pick
+
+
+def _pick_optional(key: str) -> Callable[..., Any]:
+    def pick(validated: Mapping[str, Any]) -> Any:
+        return validated.get(key)
+
+    return pick
+
+
+def _synthesize(synthesizer: Any) -> Callable[..., Any]:
+    """`SynthesizerComponent`'s run after validation: the whole synthesizer, sync or async."""
+
+    async def run(validated: Mapping[str, Any], ctx: QueryContext) -> Any:
+        query_str, nodes = validated["query_str"], validated["nodes"]
+        if ctx.sync:
+            return await asyncio.to_thread(synthesizer.synthesize, query_str, nodes)
+        return await synthesizer.asynthesize(query_str, nodes)
+
+    return run
 
 
 def _stringable(key: str, partials: Mapping[str, Any]) -> Callable[..., Any]:
@@ -459,7 +505,8 @@ class TeolaQueryPipelineExecutor:
     local runtime's engine scheduling policy), passes (True, False or a `PassManager`),
     profiles (latency profiles by engine name, e.g. "llm:MockLLM", see `explain()`, so
     the passes can plan; the user's components have none), warn (warn once for each
-    opaque module). Sync methods run on an event loop this
+    opaque module), warm_prefix (warm a split prompt's ready prefix on the server of an
+    `OpenAILike`/`OpenAI` completion model, see `openai_compat`). Sync methods run on an event loop this
     object owns in a daemon thread (`close()` stops it); async methods on the caller's.
     """
 
@@ -472,13 +519,14 @@ class TeolaQueryPipelineExecutor:
         passes: Any = True,
         profiles: Mapping[str, LatencyProfile] | None = None,
         warn: bool = True,
+        warm_prefix: bool = True,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
         self.original = pipeline
         self.backend = backend
         self.policy = policy
-        self._engines = EngineRegistry()
+        self._engines = EngineRegistry(warm_prefix=warm_prefix)
         self.plan: PipelinePlan | None = None
         self.fallback: str | None = None
         try:
@@ -502,6 +550,7 @@ class TeolaQueryPipelineExecutor:
             return f"original QueryPipeline executor: {self.fallback}"
         lines = ["opaque modules: " + (", ".join(self.plan.opaque) or "none")]
         lines += ["engines: " + (", ".join(self._engines.engines.engines) or "none")]
+        lines += warmup_notes(self._engines.engines)
         lines += ["passes: " + (", ".join(self.plan.passes) or "none")]
         lines += ["p-graph:", self.plan.pgraph.summary(), "e-graph:", self.plan.graph.summary()]
         return "\n".join(lines)

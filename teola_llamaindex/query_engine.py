@@ -6,11 +6,13 @@
 
 `RetrieverQueryEngine._query` is retrieve -> node postprocessors, in order -> response
 synthesizer. Traced: the retriever as EMBED + SEARCH when it is a
-`VectorIndexRetriever` (see `retrieval`; any other retriever is one call), each
-postprocessor as one call (`postprocess_nodes(nodes, query_bundle=...)`, or
-`apostprocess_nodes` in async queries), and the synthesizer as one call
-(`synthesize`/`asynthesize(query=bundle, nodes=nodes)`, whatever its response mode:
-compact, refine, tree_summarize, ...). A string query becomes `QueryBundle(query)` first,
+`VectorIndexRetriever` (see `retrieval`; any other retriever is one call); each
+reranking postprocessor as a RERANK primitive on its own engine and each local filter
+as one call (see `rerank`: `postprocess_nodes(nodes, query_bundle=...)`, or
+`apostprocess_nodes` in async queries); the synthesizer as plan + FORMAT + LLM
+primitives for "compact", "simple_summarize" and single-chunk "refine" (see
+`synthesis`), else as one call (`synthesize`/`asynthesize(query=bundle, nodes=nodes)`:
+refine chains, tree_summarize, ...). A string query becomes `QueryBundle(query)` first,
 as `BaseQueryEngine.query` does. Only the exact class is traced (a subclass may
 override `_query`); `optimize` rejects others.
 """
@@ -33,8 +35,11 @@ from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoo
 from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import QueryContext, unwrap_error
 from teola_llamaindex.engines import EngineRegistry
+from teola_llamaindex.openai_compat import warmup_notes
 from teola_llamaindex.optimizing import optimize_graph
+from teola_llamaindex.rerank import reranks, trace_rerank
 from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.synthesis import trace_synthesis, why_opaque
 
 
 def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry) -> Graph:
@@ -52,12 +57,27 @@ def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry) ->
             nodes = b.call(_retrieve(retriever), {"query": query, "ctx": ctx}, name="retrieve")
     for i, postprocessor in enumerate(engine._node_postprocessors):
         with b.module(f"postprocessor{i}:{type(postprocessor).__name__}"):
-            nodes = b.call(_postprocess(postprocessor), {"nodes": nodes, "query": query, "ctx": ctx}, name="run")
+            if reranks(postprocessor):
+                rerank_engine = engines.reranker(postprocessor)
+                nodes = trace_rerank(b, rerank_engine, postprocessor, query, nodes, ctx, call="bundle")
+            else:
+                nodes = b.call(_postprocess(postprocessor), {"nodes": nodes, "query": query, "ctx": ctx}, name="run")
     synthesizer = engine._response_synthesizer
     with b.module(f"synthesizer:{type(synthesizer).__name__}"):
-        response = b.call(_synthesize(synthesizer), {"nodes": nodes, "query": query, "ctx": ctx}, name="run")
+        inputs = {"nodes": nodes, "query": query, "ctx": ctx}
+        if why_opaque(synthesizer) is None:
+            query_str = b.call(_query_str, {"query": query}, name="query_str", inline=True)
+            response = trace_synthesis(
+                b, engines, synthesizer, query_str, nodes, lambda: b.call(_synthesize(synthesizer), inputs, name="run")
+            )
+        else:
+            response = b.call(_synthesize(synthesizer), inputs, name="run")
     b.output(response=response)
     return b.build(chain_modules=False)
+
+
+def _query_str(query: QueryBundle) -> str:
+    return query.query_str
 
 
 def _retrieve(retriever: Any) -> Callable[..., Any]:
@@ -91,7 +111,8 @@ class TeolaQueryEngine:
     """`query`/`aquery` of a `RetrieverQueryEngine`, run on Teola (see the module docstring).
 
     Options as for `TeolaQueryPipelineExecutor`. Concurrent `aquery` calls (and `query`
-    calls from several threads) share engine schedulers, so their embeddings batch.
+    calls from several threads) share engine schedulers: their calls of one model are
+    ordered together by the scheduling policy, and batch where a joint call is proven.
     """
 
     def __init__(
@@ -102,13 +123,14 @@ class TeolaQueryEngine:
         policy: str = "topology",
         passes: Any = True,
         profiles: Mapping[str, LatencyProfile] | None = None,
+        warm_prefix: bool = True,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
         self.original = engine
         self.backend = backend
         self.policy = policy
-        self._engines = EngineRegistry()
+        self._engines = EngineRegistry(warm_prefix=warm_prefix)
         self.pgraph = trace_query_engine(engine, self._engines)
         self.graph, self.passes = optimize_graph(self.pgraph, passes, self._engines.engines, profiles)
         self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
@@ -119,9 +141,13 @@ class TeolaQueryEngine:
         """The p-graph, the passes applied and the e-graph."""
         passes = ", ".join(self.passes) or "none"
         engines = ", ".join(self._engines.engines.engines) or "none"
+        synthesizer = self.original._response_synthesizer
+        how = why_opaque(synthesizer)
         return "\n".join(
             [
                 "engines: " + engines,
+                *warmup_notes(self._engines.engines),
+                f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({how})" if how else "plan + format + llm"),
                 "passes: " + passes,
                 "p-graph:",
                 self.pgraph.summary(),

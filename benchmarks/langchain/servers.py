@@ -9,6 +9,13 @@ with a real vLLM):
   profile, a vLLM-style prefix cache, and continuous batching — concurrent requests
   share decode steps exactly as the simulated engine batches them, whichever client
   sent them.
+- What vLLM's server adds to OpenAI's API, so Teola's vLLM engine can warm the prefix
+  cache here as on vLLM (`vllm_api=False` leaves them out, as on other servers):
+  `POST /tokenize` (a `prompt`, or chat `messages` rendered by the chat template below
+  with `add_generation_prompt` / `continue_final_message`), completion prompts given as
+  token ids, and `GET /metrics` with `vllm:cache_config_info{block_size="16"}`. Token ids
+  number the simulated tokenizer's words (whitespace-separated) in order of first sight,
+  so ids decode back to the words and a warm-up fills the same cache blocks as the text.
 - `POST /v1/embeddings` (float or base64 encoding) runs on one `SimEmbedder` instance
   with the paper's embedder profile; `POST /v1/rerank` (Cohere/Jina shape) on one
   `SimReranker`. How concurrent requests share that one instance is the
@@ -47,11 +54,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from teola_adapters.simulated.clock import SimClock
 from teola_adapters.simulated.embedding import SimEmbedder
-from teola_adapters.simulated.llm import PrefixCache, SimLLM, token_pieces, tokens_of
+from teola_adapters.simulated.llm import BLOCK_TOKENS, PrefixCache, SimLLM, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM, LLM_CACHE_TOKENS, RERANKER
 from teola_adapters.simulated.reranker import relevance
 from teola_benchmarks.workloads.common import words
@@ -90,15 +97,25 @@ class ExampleResponder:
         return " ".join(words(prompt, min(n, max_tokens)))
 
 
-def messages_to_prompt(messages: Sequence[dict[str, Any]]) -> str:
-    """The prompt text the simulated model sees for a chat request (role-tagged lines)."""
+def messages_to_prompt(
+    messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The prompt text the simulated model sees for a chat request (role-tagged lines): its chat template.
+
+    A chat request renders with the generation prompt (the open assistant turn). As vLLM's
+    template options: `continue_final_message` leaves the last message open (nothing after
+    its text), so the text is a prefix of any conversation that continues that message.
+    """
     parts = []
     for m in messages:
         content = m.get("content") or ""
         if isinstance(content, list):  # content parts: keep the text ones
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         parts.append(f"<|{m.get('role', 'user')}|>\n{content}")
-    return "\n".join(parts) + "\n<|assistant|>\n"
+    text = "\n".join(parts)
+    if continue_final_message:
+        return text
+    return text + ("\n<|assistant|>\n" if add_generation_prompt else "\n")
 
 
 def _llm_node(kind: PrimitiveKind, max_tokens: int = 0) -> Node:
@@ -205,8 +222,27 @@ class SimBackend:
         rerank_max = max_batch_items or RERANKER.max_efficient_batch("rerank")
         self.embed_batches = Batcher(self._embed_batch, batching, embed_max)
         self.rerank_batches = Batcher(self._rerank_batch, batching, rerank_max)
-        self.requests = {"chat": 0, "completions": 0, "embeddings": 0, "rerank": 0}
+        self.requests = {"chat": 0, "completions": 0, "embeddings": 0, "rerank": 0, "tokenize": 0}
         self.embed_batch_sizes: list[int] = []
+        self._vocabulary: dict[str, int] = {}
+        self._words: list[str] = []
+
+    # -- the tokenizer (vLLM's /tokenize and token-id prompts) ---------------------------
+    def token_ids(self, text: str) -> list[int]:
+        """The simulated tokenizer's ids for `text`: its words, numbered in order of first sight."""
+        ids = []
+        for word in tokens_of(text):
+            if word not in self._vocabulary:
+                self._vocabulary[word] = len(self._words)
+                self._words.append(word)
+            ids.append(self._vocabulary[word])
+        return ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids: their words, space-separated (the same tokens again)."""
+        if not all(isinstance(i, int) and 0 <= i < len(self._words) for i in ids):
+            raise ValueError("unknown token id")
+        return " ".join(self._words[i] for i in ids)
 
     # -- LLM ---------------------------------------------------------------------------
     async def _kv(self, prompt: str) -> Any:
@@ -251,8 +287,13 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, holder: list[SimBackend]) -> FastAPI:
-    """The FastAPI app; the backend is made at startup, on the server's loop."""
+def make_app(
+    backend_factory: Callable[[], SimBackend],
+    ready: threading.Event,
+    holder: list[SimBackend],
+    vllm_api: bool = True,
+) -> FastAPI:
+    """The FastAPI app; the backend is made at startup, on the server's loop (`vllm_api`: see the module doc)."""
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -334,14 +375,38 @@ def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, 
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    def error(message: str, status: int = 400) -> JSONResponse:
+        return JSONResponse({"error": {"message": message}}, status_code=status)
+
+    def completion_prompts(prompt: Any) -> list[str] | None:
+        """The prompts of a completions request: text, or (vLLM) token ids; None if malformed."""
+        if isinstance(prompt, str):
+            return [prompt]
+        if vllm_api and isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            return None
+        texts = []
+        for p in prompt:
+            if isinstance(p, str):
+                texts.append(p)
+            elif vllm_api and isinstance(p, list) and all(isinstance(t, int) for t in p):
+                try:
+                    texts.append(backend().detokenize(p))
+                except ValueError:
+                    return None
+            else:
+                return None
+        return texts
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await request.json()
         b = backend()
         b.requests["completions"] += 1
-        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-        if not all(isinstance(p, str) for p in prompts):
-            return JSONResponse({"error": {"message": "prompts must be strings"}}, status_code=400)
+        prompts = completion_prompts(body["prompt"])
+        if prompts is None:
+            return error("prompts must be strings" + (" or token ids" if vllm_api else ""))
         model = body.get("model", "sim")
         max_tokens = int(body.get("max_tokens") or 16)
         rid, created = f"cmpl-{next(ids)}", int(time.time())
@@ -361,7 +426,7 @@ def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, 
                 }
             )
         if len(prompts) != 1:
-            return JSONResponse({"error": {"message": "streaming takes one prompt"}}, status_code=400)
+            return error("streaming takes one prompt")
 
         async def events() -> AsyncIterator[bytes]:
             def chunk(text: str, finish: str | None) -> dict[str, Any]:
@@ -408,6 +473,36 @@ def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, 
             }
         )
 
+    if vllm_api:
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> Any:
+            """vLLM's /tokenize: a `prompt`, or `messages` through the chat template."""
+            body = await request.json()
+            b = backend()
+            b.requests["tokenize"] += 1
+            if "messages" in body:
+                generation = bool(body.get("add_generation_prompt", True))
+                continued = bool(body.get("continue_final_message", False))
+                if generation and continued:
+                    return error("continue_final_message and add_generation_prompt cannot both be true")
+                text = messages_to_prompt(
+                    body["messages"], add_generation_prompt=generation, continue_final_message=continued
+                )
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
+            else:
+                return error("give a `prompt` string or chat `messages`")
+            tokens = b.token_ids(text)
+            return JSONResponse({"count": len(tokens), "max_model_len": 32_768, "tokens": tokens})
+
+        @app.get("/metrics")
+        async def metrics() -> Any:
+            """The line of vLLM's Prometheus metrics that gives the KV block size."""
+            return PlainTextResponse(
+                f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"}} 1.0\n'
+            )
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Any:
         """Empty the LLM's prefix cache (as vLLM's endpoint of that name), between benchmark runs."""
@@ -446,6 +541,7 @@ class SimServers:
         batching: Batching = "dynamic",
         responder: Callable[[str, int], str] | None = None,
         max_batch_items: int | None = None,
+        vllm_api: bool = True,
     ) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
@@ -453,6 +549,7 @@ class SimServers:
         self.batching = batching
         self._responder = responder or ExampleResponder()
         self._max_batch_items = max_batch_items
+        self.vllm_api = vllm_api
         self._holder: list[SimBackend] = []
         self._thread: threading.Thread | None = None
         self._server: Any = None
@@ -483,6 +580,7 @@ class SimServers:
             lambda: SimBackend(self.time_scale, self.batching, self._responder, self._max_batch_items),
             ready,
             self._holder,
+            self.vllm_api,
         )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", backlog=1024)
         self._server = uvicorn.Server(config)

@@ -9,8 +9,11 @@ next query when its last one returns):
   of ready modules, at most 4 at a time, the next wave after the whole wave);
 - `teola`: `teola.optimize(pipeline).arun(question=q)`.
 
-Before each system the servers' prefix cache is emptied and one warm-up query (not
-among the measured ones) runs. Every answer must equal LlamaIndex's (else
+Before each system one warm-up query (not among the measured ones) runs alone, then
+the servers' prefix cache is emptied. The warm-up's latency is reported as `alone_s`
+(in `server`): one query with the servers to itself, the floor of what the closed loop's
+mean can reach, whatever the scheduling (the loop's queries send the same requests to
+the same servers, and contend there). Every answer must equal LlamaIndex's (else
 `AnswerMismatch`). Needs llama-index-core <= 0.12, fastapi, uvicorn and openai.
 """
 
@@ -57,30 +60,38 @@ def bench_llamaindex(
         pipeline = EXAMPLES[example](llm, index)
         fast = teola.optimize(pipeline)
         try:
-            latencies, answers = asyncio.run(
+            latencies, answers, alone = asyncio.run(
                 _measure({"llamaindex": pipeline, "teola": fast}, warmup, measured, concurrency, servers.root_url)
             )
         finally:
             fast.close()
     b = servers.backend
     _check_equal(example, measured, answers)
-    server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
+    server = {
+        "requests": dict(b.requests),
+        "embed_batches": len(b.embed_batch_sizes),
+        "llm_steps": b.llm.stats.steps,
+        "alone_s": alone,
+    }
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
 async def _measure(
     systems: dict[str, Any], warmup: str, inputs: Sequence[str], concurrency: int, root_url: str
-) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
     latencies: dict[str, list[float]] = {}
     answers: dict[str, list[Any]] = {}
+    alone: dict[str, float] = {}
     async with httpx.AsyncClient() as admin:
         for name, pipeline in systems.items():
+            began = time.perf_counter()
             await pipeline.arun(question=warmup)
+            alone[name] = time.perf_counter() - began
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
             latencies[name], answers[name] = await closed_loop(
                 lambda q, p=pipeline: p.arun(question=q), inputs, concurrency
             )
-    return latencies, answers
+    return latencies, answers, alone
 
 
 async def closed_loop(

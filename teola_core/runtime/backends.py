@@ -31,7 +31,9 @@ class ReferenceRuntime(Runtime):
         self._engines = engines
         self._hooks: list[RuntimeHook] = []
 
-    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
+    async def run(
+        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+    ) -> dict[str, Any]:
         return await evaluate(graph, inputs, self._engines, query_id or "q0")
 
     def add_hook(self, hook: RuntimeHook) -> None:

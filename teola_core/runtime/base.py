@@ -35,8 +35,15 @@ class RuntimeHook(Protocol):
 
 class Runtime(ABC):
     @abstractmethod
-    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
-        """Run one query's graph to completion; return the output node's values."""
+    async def run(
+        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+    ) -> dict[str, Any]:
+        """Run one query's graph to completion; return the output node's values.
+
+        `arrival` (runtime clock) orders the query's primitives at the engines as if it
+        had arrived then (default: now); the agent runtime gives every call of one agent
+        its program's start, so a returning agent goes before agents that came later.
+        """
 
     @abstractmethod
     def add_hook(self, hook: RuntimeHook) -> None:

@@ -198,11 +198,17 @@ class LocalRuntime(Runtime):
     def add_hook(self, hook: RuntimeHook) -> None:
         self._hooks.append(hook)
 
+    def now(self) -> float:
+        """The runtime's clock (the one `arrival` and spans are measured on)."""
+        return self._clock()
+
     def scheduler(self, engine: str) -> EngineScheduler:
         """The engine scheduler of `engine` (for inspection)."""
         return self._schedulers[engine]
 
-    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
+    async def run(
+        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+    ) -> dict[str, Any]:
         if self._closed:
             raise RuntimeError("this LocalRuntime is closed")
         qid = query_id if query_id is not None else f"q{next(self._ids)}"
@@ -211,7 +217,9 @@ class LocalRuntime(Runtime):
         depths = self._depths_of(graph)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         run = self._queries[qid] = _QueryRun(future)
-        self._feed(QuerySubmitted(query_id=qid, graph=graph, inputs=inputs, depths=depths, now=self._clock()))
+        self._feed(
+            QuerySubmitted(query_id=qid, graph=graph, inputs=inputs, depths=depths, now=self._clock(), arrival=arrival)
+        )
         try:
             return await future
         except asyncio.CancelledError:

@@ -92,8 +92,10 @@ class RayRuntime(Runtime):
             raise
         self._own_engines = own_engines
 
-    async def run(self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None) -> dict[str, Any]:
-        return await self._local.run(graph, inputs, query_id=query_id)
+    async def run(
+        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+    ) -> dict[str, Any]:
+        return await self._local.run(graph, inputs, query_id=query_id, arrival=arrival)
 
     def add_hook(self, hook: RuntimeHook) -> None:
         self._local.add_hook(hook)

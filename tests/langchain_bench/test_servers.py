@@ -94,3 +94,43 @@ def test_embedding_batching_modes(batching: str) -> None:
 def test_unknown_batching_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="batching"):
         SimServers(batching="greedy")  # type: ignore[arg-type]
+
+
+def test_vllms_tokenizer_endpoint_renders_chat_prefixes_as_token_prefixes(servers: SimServers) -> None:
+    def tokens(body: dict) -> list[int]:
+        r = httpx.post(f"{servers.root_url}/tokenize", json={"model": "m", **body})
+        r.raise_for_status()
+        return r.json()["tokens"]
+
+    full = tokens({"messages": MESSAGES, "add_generation_prompt": True})
+    assert full == tokens({"prompt": messages_to_prompt(MESSAGES)})  # the chat request's own tokens
+    open_start = [MESSAGES[0], {"role": "user", "content": "Write 3 search"}]
+    prefix = tokens({"messages": open_start, "add_generation_prompt": False, "continue_final_message": True})
+    assert prefix == full[: len(prefix)] and len(prefix) < len(full)
+    whole_first = tokens({"messages": MESSAGES[:1], "add_generation_prompt": False})
+    assert whole_first == full[: len(whole_first)]
+    both = {"messages": MESSAGES, "add_generation_prompt": True, "continue_final_message": True}
+    assert httpx.post(f"{servers.root_url}/tokenize", json=both).status_code == 400
+
+
+def test_token_id_prompts_fill_the_blocks_the_text_would(servers: SimServers) -> None:
+    prompt = " ".join(f"w{i}" for i in range(40))
+    ids = httpx.post(f"{servers.root_url}/tokenize", json={"model": "m", "prompt": prompt}).json()["tokens"]
+    client = OpenAI(base_url=servers.base_url, api_key="x")
+    by_ids = client.completions.create(model="m", prompt=ids[:32], max_tokens=1)
+    assert by_ids.choices[0].text == ExampleResponder()(" ".join(prompt.split()[:32]), 1)  # the ids' words
+    hits = servers.backend.llm.stats.cache_hit_tokens  # the server is idle between requests
+    client.completions.create(model="m", prompt=prompt, max_tokens=1)
+    assert servers.backend.llm.stats.cache_hit_tokens - hits == 32  # the text found the two blocks the ids filled
+    bad = httpx.post(f"{servers.base_url}/completions", json={"model": "m", "prompt": [10**9], "max_tokens": 1})
+    assert bad.status_code == 400
+    metrics = httpx.get(f"{servers.root_url}/metrics").text
+    assert 'vllm:cache_config_info{block_size="16"' in metrics
+
+
+def test_without_vllms_endpoints_the_server_is_plain_openai() -> None:
+    with SimServers(time_scale=0.0, vllm_api=False) as s:
+        assert httpx.post(f"{s.root_url}/tokenize", json={"model": "m", "prompt": "hi"}).status_code == 404
+        assert httpx.get(f"{s.root_url}/metrics").status_code == 404
+        r = httpx.post(f"{s.base_url}/completions", json={"model": "m", "prompt": [1, 2], "max_tokens": 1})
+        assert r.status_code == 400

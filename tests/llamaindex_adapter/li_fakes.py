@@ -47,3 +47,88 @@ def make_index() -> VectorStoreIndex:
 
 def make_llm(**kwargs: Any) -> MockLLM:
     return MockLLM(**kwargs)
+
+
+# -- rerankers and LLMs for the rerank / synthesizer shapes ------------------------------
+
+
+def pair_score(query: str, text: str) -> float:
+    """A deterministic relevance of one (query, text) pair: shared words, ties broken by a hash."""
+    shared = len(set(query.lower().split()) & set(text.lower().split()))
+    return shared + hashlib.sha256(f"{query}|{text}".encode()).digest()[0] / 1000.0
+
+
+class FakeCrossEncoder:
+    """Stands in for sentence-transformers' CrossEncoder (no weights ship offline)."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def predict(self, pairs: list[tuple[str, str]]) -> Any:
+        import numpy as np
+
+        self.calls.append(len(pairs))
+        return np.array([pair_score(q, t) for q, t in pairs], dtype=np.float32)
+
+
+def sbert_rerank(top_n: int = 2) -> Any:
+    """A real `SentenceTransformerRerank` whose model is a `FakeCrossEncoder`."""
+    from llama_index.core.postprocessor import SentenceTransformerRerank
+
+    rerank = SentenceTransformerRerank.model_construct(
+        top_n=top_n, model="fake-cross-encoder", device="cpu", keep_retrieval_score=False, trust_remote_code=False
+    )
+    rerank._model = FakeCrossEncoder()
+    return rerank
+
+
+def overlap_rerank_class() -> type:
+    """A user's own reranker (a `BaseNodePostprocessor`): scores by `pair_score`, keeps top_n."""
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import MetadataMode, NodeWithScore
+
+    class OverlapRerank(BaseNodePostprocessor):
+        top_n: int = 2
+
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            q = query_bundle.query_str if query_bundle is not None else ""
+            scored = [
+                NodeWithScore(node=n.node, score=pair_score(q, n.node.get_content(metadata_mode=MetadataMode.EMBED)))
+                for n in nodes
+            ]
+            return sorted(scored, key=lambda n: -(n.score or 0.0))[: self.top_n]
+
+    return OverlapRerank
+
+
+def make_chat_llm(**kwargs: Any) -> MockLLM:
+    """A MockLLM that says it is a chat model: `achat` echoes the last message."""
+    from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LLMMetadata, MessageRole
+
+    class ChatMock(MockLLM):
+        @property
+        def metadata(self) -> LLMMetadata:
+            return LLMMetadata(num_output=self.max_tokens or -1, is_chat_model=True)
+
+        def chat(self, messages: Any, **kw: Any) -> ChatResponse:
+            text = " || ".join(f"{m.role.value}: {m.content}" for m in messages)
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text))
+
+        async def achat(self, messages: Any, **kw: Any) -> ChatResponse:
+            return self.chat(messages, **kw)
+
+    return ChatMock(**kwargs)
+
+
+def make_silent_llm() -> MockLLM:
+    """A MockLLM whose every completion is empty (the synthesizer then says "Empty Response")."""
+    from llama_index.core.base.llms.types import CompletionResponse
+
+    class Silent(MockLLM):
+        def complete(self, prompt: str, formatted: bool = False, **kw: Any) -> CompletionResponse:
+            return CompletionResponse(text="")
+
+        async def acomplete(self, prompt: str, formatted: bool = False, **kw: Any) -> CompletionResponse:
+            return CompletionResponse(text="")
+
+    return Silent()

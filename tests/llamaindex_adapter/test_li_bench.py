@@ -48,6 +48,7 @@ def test_bench_multi_query_rag_answers_agree() -> None:
     for stats in out["systems"].values():
         assert set(stats) == {"mean_s", "p50_s", "p99_s"} and stats["mean_s"] > 0
     assert out["server"]["requests"]["completions"] > 0
+    assert set(out["server"]["alone_s"]) == {"llamaindex", "teola"}  # the floor of each mean
 
 
 def test_cli_llamaindex_json(capsys: pytest.CaptureFixture[str]) -> None:

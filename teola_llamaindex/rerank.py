@@ -1,0 +1,185 @@
+"""Node postprocessors as RERANK primitives, and when a reranker may batch across queries.
+
+A node postprocessor is `postprocess_nodes(nodes, query) -> nodes`: the shape of Teola's
+RERANK primitive (query + documents -> documents). Every postprocessor runs as a RERANK
+primitive on its own engine (`rerank:ClassName`, one per object), except the exact
+LlamaIndex classes in `_NOT_RERANKERS` — filters, reorderings and text rewrites that are
+cheap and local (`SimilarityPostprocessor`, `KeywordNodePostprocessor`, ...), which stay
+one `call` each. So `SentenceTransformerRerank`, `LLMRerank`, an integration package's
+`CohereRerank`, or a postprocessor class of the user's own run on an engine scheduler:
+ordered across concurrent queries by the topology-aware policy, at most `concurrency`
+at once (1 for `SentenceTransformerRerank`, one local model, and for a batching
+reranker, whose calls queue while its joint call runs and form the next; 16 otherwise).
+
+What a RERANK call computes is exactly the original call (same objects in, same
+objects out, so the same nodes, scores and order; a postprocessor that sets scores in
+place does so on the same objects):
+
+- in a query engine (config `call="bundle"`): `postprocess_nodes(nodes,
+  query_bundle=bundle)` in a worker thread for `query`, `apostprocess_nodes(nodes,
+  query_bundle=bundle)` for `aquery`, as `RetrieverQueryEngine` calls them;
+- in a QueryPipeline (`call="query_str"`): `postprocess_nodes(nodes,
+  query_str=query_str)` in a worker thread, what `PostprocessorComponent` runs for both
+  `run` and `arun` (its async path calls the sync method).
+
+Batching across queries: several queries' calls share one engine invocation only when
+the postprocessor's exact class has a registered batch function (`register_batch_rerank`)
+whose result for a list of (nodes, query) requests is provably what per-query calls
+return. None of LlamaIndex's own rerankers qualifies: `SentenceTransformerRerank` scores
+with a CrossEncoder whose scores depend on which pairs share a forward pass through
+padding and float rounding (this project measured 1e-7 differences for MiniLM vectors
+batched with texts of other lengths), so a joint call could change scores and, on near
+ties, the order; `LLMRerank` prompts the LLM per query and per chunk of nodes. Those run
+one call per query (`max_batch_items=1`). A reranker whose scores are a pure function
+of each (query, node) pair can register a batch function and get one joint call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llama_index.core.postprocessor import (
+    AutoPrevNextNodePostprocessor,
+    EmbeddingRecencyPostprocessor,
+    FixedRecencyPostprocessor,
+    KeywordNodePostprocessor,
+    LongContextReorder,
+    MetadataReplacementPostProcessor,
+    NERPIINodePostprocessor,
+    PIINodePostprocessor,
+    PrevNextNodePostprocessor,
+    SentenceEmbeddingOptimizer,
+    SentenceTransformerRerank,
+    SimilarityPostprocessor,
+    TimeWeightedPostprocessor,
+)
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_core.ir.builder import GraphBuilder, Value
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
+from teola_core.ir.types import PortType
+
+# Exact classes that filter, reorder or rewrite nodes locally: one `call` each.
+_NOT_RERANKERS: frozenset[type] = frozenset(
+    {
+        SimilarityPostprocessor,
+        KeywordNodePostprocessor,
+        PrevNextNodePostprocessor,
+        AutoPrevNextNodePostprocessor,
+        LongContextReorder,
+        MetadataReplacementPostProcessor,
+        FixedRecencyPostprocessor,
+        EmbeddingRecencyPostprocessor,
+        TimeWeightedPostprocessor,
+        PIINodePostprocessor,
+        NERPIINodePostprocessor,
+        SentenceEmbeddingOptimizer,
+    }
+)
+# Rerankers over one local model: one call at a time (concurrent calls only contend).
+_ONE_AT_A_TIME: frozenset[type] = frozenset({SentenceTransformerRerank})
+
+Request = tuple[list[NodeWithScore], QueryBundle | None]
+BatchRerank = Callable[[Any, list[Request]], list[list[NodeWithScore]]]
+_BATCH_PROOFS: dict[type, BatchRerank] = {}
+
+
+def register_batch_rerank(cls: type, batch: BatchRerank) -> None:
+    """Declare that `batch(postprocessor, requests)` equals per-request calls for `cls`.
+
+    `requests` is a list of (nodes, query bundle or None); the result must be, for each,
+    exactly `postprocessor.postprocess_nodes(nodes, query_bundle=bundle)` (same objects,
+    scores and order), whichever other requests share the call. Applies to that exact
+    class, when it keeps `BaseNodePostprocessor`'s async method (which runs the sync one).
+    If it raises, each request then runs alone (so it must not change a node before it
+    can fail).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, BaseNodePostprocessor)):
+        raise TypeError(f"register_batch_rerank takes a BaseNodePostprocessor class, not {cls!r}")
+    _BATCH_PROOFS[cls] = batch
+
+
+def batch_rerank_proof(postprocessor: Any) -> BatchRerank | None:
+    """The registered batch function of the postprocessor's exact class, if it applies."""
+    cls = type(postprocessor)
+    batch = _BATCH_PROOFS.get(cls)
+    if batch is None or cls._apostprocess_nodes is not BaseNodePostprocessor._apostprocess_nodes:
+        return None
+    return batch
+
+
+def reranks(postprocessor: Any) -> bool:
+    """True when the postprocessor runs as a RERANK primitive (see the module docstring)."""
+    return isinstance(postprocessor, BaseNodePostprocessor) and type(postprocessor) not in _NOT_RERANKERS
+
+
+def trace_rerank(
+    b: GraphBuilder, engine: str, postprocessor: Any, query: Value, nodes: Value, ctx: Value, *, call: str
+) -> Value:
+    """The RERANK primitive for one postprocessor; returns its output nodes' Value.
+
+    `call`: "bundle" (`query` is a QueryBundle, query engines) or "query_str" (`query` is
+    the validated `query_str` or None, QueryPipeline's `PostprocessorComponent`).
+    """
+    node = b.add(
+        PrimitiveKind.RERANK,
+        {"query": query, "docs": nodes, "ctx": ctx},
+        engine=engine,
+        config={"call": call, "top_k": getattr(postprocessor, "top_n", None)},
+        input_ports=(PortSpec("query", PortType.ANY), PortSpec("docs", PortType.ANY), PortSpec("ctx", PortType.ANY)),
+        output_ports=(PortSpec("docs", PortType.ANY),),
+        caps=Capabilities(batchable=batch_rerank_proof(postprocessor) is not None),
+        name="rerank",
+    )
+    return Value(node.id, "docs")
+
+
+class LlamaIndexRerankEngine(Engine):
+    """A node postprocessor as a RERANK engine (see the module docstring)."""
+
+    kinds = frozenset({PrimitiveKind.RERANK})
+
+    def __init__(self, name: str, postprocessor: Any) -> None:
+        self.name = name
+        self.postprocessor = postprocessor
+        self.batch = batch_rerank_proof(postprocessor)
+        # A joint call is one model call: one at a time, the calls that queue meanwhile form the next.
+        concurrency = 1 if self.batch is not None or type(postprocessor) in _ONE_AT_A_TIME else 16
+        self.limits = EngineLimits(concurrency=concurrency, max_batch_items=None if self.batch else 1)
+        self.joint_calls = 0  # engine invocations that ran several queries' calls as one batch call
+        self.joint_failures = 0  # joint calls that raised (their calls were then run one by one)
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        if self.batch is not None and len(calls) > 1:
+            try:
+                outputs = await asyncio.to_thread(self.batch, self.postprocessor, [self._request(c) for c in calls])
+                if len(outputs) != len(calls):
+                    raise ValueError(
+                        f"{self.name}: the batch function returned {len(outputs)} results for {len(calls)}"
+                    )
+            except Exception:  # the joint call failed: each call runs alone below, and fails alone
+                self.joint_failures += 1
+            else:
+                self.joint_calls += 1
+                return [{"docs": out} for out in outputs]
+        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+
+    @staticmethod
+    def _request(call: Call) -> Request:
+        query = call.inputs["query"]
+        if call.node.config["call"] == "query_str":
+            query = None if query is None else QueryBundle(query)
+        return call.inputs["docs"], query
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        pp = self.postprocessor
+        nodes, query = call.inputs["docs"], call.inputs["query"]
+        if call.node.config["call"] == "query_str":
+            return {"docs": await asyncio.to_thread(pp.postprocess_nodes, nodes, query_str=query)}
+        if call.inputs["ctx"].sync:
+            return {"docs": await asyncio.to_thread(pp.postprocess_nodes, nodes, query_bundle=query)}
+        return {"docs": await pp.apostprocess_nodes(nodes, query_bundle=query)}
