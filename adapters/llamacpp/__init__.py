@@ -2,17 +2,12 @@
 
 llm = LlamaCppEngine()                      # needs "teola[local]"
 profile = await measure_profile(llm)        # prefill over tokens, decode over sequences
+llm.retain("agent-7", prompt + answer, ttl_s=2.5)   # KV retention for an agent's next call
 """
 
-from teola_adapters.llamacpp.engine import (
-    LlamaCppEngine,
-    LlamaCppError,
-    LlamaCppStats,
-    SavedState,
-    StateCache,
-    default_model_path,
-)
+from teola_adapters.llamacpp.engine import LlamaCppEngine, LlamaCppError, LlamaCppStats, default_model_path
 from teola_adapters.llamacpp.profiling import measure_profile
+from teola_adapters.llamacpp.state_cache import SavedState, StateCache
 
 __all__ = [
     "LlamaCppEngine",

@@ -2,8 +2,9 @@
 
 prefill(n): seconds for one PREFILL of a fresh n-token prompt (nothing reused), state save
 included — what the scheduler pays for it. decode(n): seconds of one decode step with n
-sequences. The engine runs sequences one after another, so a step of n sequences is
-measured as n decodes: (time of n decodes of k+1 tokens - time of n decodes of 1 token) / k.
+sequences. The engine batches the n decodes of one `run` (one `llama_decode` a step), so
+a step is measured as (time of n decodes of k+1 tokens - time of n decodes of 1 token) / k;
+n is at most the engine's `max_sequences` (more would wait for a sequence, not share steps).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ async def measure_profile(
     save_to: str | Path | None = None,
 ) -> LatencyProfile:
     """Measure both curves on the engine, install the profile on it and return it."""
+    if max(decode_sequences, default=1) > engine.max_sequences:
+        raise ValueError(
+            f"decode_sequences {tuple(decode_sequences)}: the engine runs at most {engine.max_sequences} at once"
+        )
     prefill = _node(PrimitiveKind.PREFILL, engine.name)
     salt = int(time.time() * 1000) % 100_000
     points: list[tuple[float, float]] = []

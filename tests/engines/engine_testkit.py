@@ -33,7 +33,7 @@ def node(
     return Node(node_id or kind.value, kind, inputs, outputs, engine=engine, config=config, caps=spec.caps)
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+def run(coro: Coroutine[Any, Any, T], timeout: float = 180.0) -> T:
     """Run a coroutine with a time limit (a hung engine fails the test instead of the suite)."""
 
     async def guarded() -> T:

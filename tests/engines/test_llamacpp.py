@@ -38,11 +38,12 @@ def prompt(question: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def reference():
-    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk."""
+    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
+    thread: robust to a busy machine; the engine's thread count must not change its texts)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=2, n_threads_batch=2, verbose=False
+        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
     )
 
     def complete(text: str, max_tokens: int, **kwargs) -> str:
@@ -58,6 +59,12 @@ def engine():
     e = LlamaCppEngine(chunk_tokens=32)
     yield e
     run(e.close())
+
+
+async def _others(engine: LlamaCppEngine, tag: str) -> None:
+    """Other queries' prompts, one for each of the engine's sequences: none keeps what it held."""
+    for i in range(engine.max_sequences + 1):
+        await engine.run_one(Call("x", node(K.PREFILL, engine.name), {"prompt": f"{tag} {i}: an unrelated prompt."}))
 
 
 async def _plain(engine: LlamaCppEngine, text: str, max_tokens: int = 16, **config) -> str:
@@ -77,19 +84,19 @@ def test_split_prefill_decodes_like_plain_prefill_and_create_completion(engine, 
         for question in ("What is the capital of France?", "Who wrote Hamlet?"):
             prefix, full = prompt(question)
             plain = await _plain(engine, full)
-            engine.cache = StateCache(engine.cache.capacity_bytes)  # nothing of the plain run is reused
-            await engine.run_one(Call("x", node(K.PREFILL, engine.name), {"prompt": "Something else first."}))
+            await engine.forget()  # nothing of the plain run is reused
+            await _others(engine, "Something else first")
             before = engine.stats.computed_tokens
             pkv = (await engine.run_one(Call("q", node(K.PARTIAL_PREFILL, engine.name), {"prefix": prefix})))["kv"]
             partial = engine.stats.computed_tokens - before
             assert partial == 32 and pkv.token == tuple(engine.tokenize(full)[:32])  # whole chunks of the prefix
-            # Another query runs between the partial and the full prefill, and between prefill and decode.
-            await engine.run_one(Call("x", node(K.PREFILL, engine.name), {"prompt": "An unrelated prompt."}))
+            # Other queries run between the partial and the full prefill, and between prefill and decode.
+            await _others(engine, "Between")
             full_call = Call("q", node(K.FULL_PREFILL, engine.name), {"prompt": full, "prefix_kv": pkv})
             before = engine.stats.computed_tokens
             kv = (await engine.run_one(full_call))["kv"]
             assert engine.stats.computed_tokens - before == engine.count_tokens(full) - 32  # the prefix is reused
-            await engine.run_one(Call("x", node(K.PREFILL, engine.name), {"prompt": "Yet another prompt."}))
+            await _others(engine, "Yet another")
             split = (await engine.run_one(Call("q", node(K.DECODE, engine.name, max_tokens=16), {"kv": kv})))["text"]
             assert split == plain == reference(full, 16)
             assert split.strip()
@@ -108,7 +115,7 @@ def test_long_prompt_split_at_many_points_is_exact(engine, reference) -> None:
         tokens = engine.tokenize(full)
         assert len(tokens) > 200
         for cut in (45, 130, len(tokens) - 3):
-            engine.cache = StateCache(engine.cache.capacity_bytes)
+            await engine.forget()
             await engine.run_one(Call("x", node(K.PREFILL, engine.name), {"prompt": f"reset {cut}"}))
             prefix = engine.llm.detokenize(tokens[:cut]).decode()
             pkv = (await engine.run_one(Call("q", node(K.PARTIAL_PREFILL, engine.name), {"prefix": prefix})))["kv"]

@@ -1,0 +1,153 @@
+"""Several decodes per llama_decode on the llama.cpp engine: the texts of decoding alone.
+
+Running decodes advance together, one token each per step, joining and leaving as they
+come and go; each gives exactly llama.cpp's own `create_completion` text (greedy, and
+sampled with a seed), streamed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from engine_testkit import node, run
+
+from teola_adapters.llamacpp import LlamaCppEngine, default_model_path
+from teola_core.engines.protocol import Call
+from teola_core.ir.kinds import PrimitiveKind
+
+K = PrimitiveKind
+QUESTIONS = (
+    "What is the capital of France?",
+    "List three colours, one per line.",
+    "Write a haiku about rivers.",
+    "Explain recursion to a child in two sentences.",
+    "Count from one to ten in words.",
+    "Give me a recipe for pancakes.",
+)
+
+
+def chat(question: str, system: str = "You are a helpful assistant.") -> str:
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
+    thread: robust to a busy machine; the engine's thread count must not change its texts)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
+    )
+
+    def complete(text: str, max_tokens: int, **kwargs) -> str:
+        llm.reset()
+        kwargs.setdefault("temperature", 0)
+        return llm.create_completion(text, max_tokens=max_tokens, **kwargs)["choices"][0]["text"]
+
+    yield complete
+    llm.close()
+
+
+@pytest.fixture
+def engine():
+    e = LlamaCppEngine(max_sequences=4, n_threads=1)  # one thread: robust to a busy machine
+    yield e
+    run(e.close())
+
+
+async def _prefill(engine: LlamaCppEngine, prompt: str):
+    return (await engine.run_one(Call("q", node(K.PREFILL, engine.name), {"prompt": prompt})))["kv"]
+
+
+async def _generate(engine: LlamaCppEngine, prompt: str, max_tokens: int, **config) -> str:
+    kv = await _prefill(engine, prompt)
+    decode = node(K.DECODE, engine.name, max_tokens=max_tokens, **config)
+    return (await engine.run_one(Call("q", decode, {"kv": kv})))["text"]
+
+
+def test_limits_let_the_scheduler_keep_every_sequence_busy(engine) -> None:
+    assert engine.limits.max_batch_items == 1  # a call returns when it is done
+    assert engine.limits.concurrency == 2 * engine.max_sequences  # running decodes, and as many waiting
+
+
+def test_concurrent_decodes_share_steps_and_give_the_texts_of_decoding_alone(engine, reference) -> None:
+    """Six decodes on four sequences, of different lengths: they join and leave at different steps."""
+    lengths = (8, 24, 12, 32, 16, 20)
+    prompts = [chat(q) for q in QUESTIONS]
+
+    async def main() -> list[str]:
+        kvs = [await _prefill(engine, p) for p in prompts]
+        calls = [
+            Call("q", node(K.DECODE, engine.name, max_tokens=n), {"kv": kv}) for kv, n in zip(kvs, lengths, strict=True)
+        ]
+        return [outputs["text"] for outputs in await engine.run(calls)]
+
+    texts = run(main(), timeout=180)
+    assert texts == [reference(p, n) for p, n in zip(prompts, lengths, strict=True)]
+    assert all(t.strip() for t in texts)
+    stats = engine.stats
+    assert stats.decodes == 6 and stats.decode_tokens <= sum(lengths)
+    assert stats.decode_tokens / stats.decode_steps > 2  # several sequences per llama_decode
+
+
+def test_prefills_run_between_the_steps_of_running_decodes(engine, reference) -> None:
+    """Each query's prefill then decode, all at once: later prefills run while decodes advance."""
+    prompts = [chat(q, system="Answer in one short paragraph.") for q in QUESTIONS[:5]]
+
+    async def main() -> list[str]:
+        return list(await asyncio.gather(*(_generate(engine, p, 16) for p in prompts)))
+
+    assert run(main(), timeout=180) == [reference(p, 16) for p in prompts]
+
+
+def test_greedy_sampled_and_streamed_decodes_run_together(engine, reference) -> None:
+    prompts = [chat(q) for q in QUESTIONS[:4]]
+    sampling = {"temperature": 0.9, "seed": 7, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.1}
+
+    async def streamed(prompt: str) -> list[str]:
+        kv = await _prefill(engine, prompt)
+        decode = node(K.DECODE, engine.name, max_tokens=20)
+        return [delta async for delta in engine.stream(Call("q", decode, {"kv": kv}))]
+
+    async def main() -> tuple:
+        return await asyncio.gather(
+            _generate(engine, prompts[0], 20),
+            _generate(engine, prompts[1], 20, **sampling),
+            streamed(prompts[2]),
+            _generate(engine, prompts[3], 20, stop=["\n"]),
+        )
+
+    greedy, sampled, deltas, stopped = run(main(), timeout=180)
+    assert greedy == reference(prompts[0], 20)
+    assert sampled == reference(prompts[1], 20, **sampling)
+    assert len(deltas) > 1 and "".join(deltas) == reference(prompts[2], 20)
+    assert stopped == reference(prompts[3], 20, stop=["\n"])
+
+
+def test_decodes_leaving_early_do_not_change_the_others(engine, reference) -> None:
+    """A stream closed after its first delta and a cancelled call: the others' texts stay exact."""
+    prompts = [chat(q) for q in QUESTIONS[:4]]
+
+    async def main() -> list[str]:
+        others = [asyncio.create_task(_generate(engine, p, 24)) for p in prompts[:2]]
+        long = node(K.DECODE, engine.name, max_tokens=200)
+        kv_cancelled, kv_streamed = await _prefill(engine, prompts[2]), await _prefill(engine, prompts[3])
+        cancelled = asyncio.create_task(engine.run_one(Call("q", long, {"kv": kv_cancelled})))
+        await asyncio.sleep(0)  # it hands its decode in; the worker starts decodes in that order
+        agen = engine.stream(Call("q", long, {"kv": kv_streamed}))
+        assert await anext(agen)  # so both are running now
+        cancelled.cancel()
+        await agen.aclose()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        return list(await asyncio.gather(*others))
+
+    texts = run(main(), timeout=180)
+    assert texts == [reference(p, 24) for p in prompts[:2]]
+    assert engine.stats.decode_tokens < 2 * 24 + 2 * 200
+    assert run(_generate(engine, prompts[2], 12)) == reference(prompts[2], 12)  # the engine goes on
