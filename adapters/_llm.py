@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import Node
+from teola_core.ir.types import KVHandle
 from teola_core.ops import decode_chunk
 
 PREFILLS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
@@ -58,3 +60,12 @@ def stop_list(config: Any) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return [str(s) for s in stop]
+
+
+def own_handle(handle: Any, call: Call, engine: str) -> KVHandle:
+    """`handle` as a KV handle of `engine`: decode where the prefill ran (errors name the node)."""
+    if not isinstance(handle, KVHandle):
+        raise TypeError(f"{call.node.describe()}: expected a KVHandle, got {type(handle).__name__}")
+    if handle.engine != engine:
+        raise ValueError(f"{call.node.describe()}: KV handle belongs to engine {handle.engine!r}, not {engine!r}")
+    return handle

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, prompt_text, stop_list
+from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text, stop_list
 from teola_adapters._optional import MissingDependencyError
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
@@ -349,13 +349,7 @@ class VLLMLocalEngine(Engine):
         return value
 
     def _own(self, handle: Any, call: Call) -> KVHandle:
-        if not isinstance(handle, KVHandle):
-            raise TypeError(f"{call.node.describe()}: expected a KVHandle, got {type(handle).__name__}")
-        if handle.engine != self.name:
-            raise ValueError(
-                f"{call.node.describe()}: KV handle belongs to engine {handle.engine!r}, not {self.name!r}"
-            )
-        return handle
+        return own_handle(handle, call, self.name)
 
     # -- vLLM's loop -----------------------------------------------------------------
     def _loop(self) -> asyncio.AbstractEventLoop:
