@@ -39,6 +39,9 @@ scale, or the time spent in steps at scale 0); eviction passes over pinned block
 Pinning computes nothing: blocks not in the cache are not held. At most
 `max_pinned_fraction` of the cache may be pinned; a hold beyond it is refused. Expired
 holds are dropped lazily, when the cache takes new blocks or `held_programs()` is asked.
+`discard(text, keep)` moves a finished program's blocks past `keep` to the front of the
+LRU order; `kv_capacity_tokens()` and `count_tokens()` (words) let the agent runtime
+admit programs by the size of their contexts.
 
 By default the prefix cache (`cache_tokens`) holds only finished work: running
 sequences do not take room from it. With `kv_pool=True` it is the whole KV pool, as in
@@ -76,7 +79,7 @@ from typing import Any
 from teola_adapters._llm import common_prefix, decode_outputs
 from teola_adapters.simulated.clock import SimClock, stable_hash
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
-from teola_core.engines.retention import KVRetention
+from teola_core.engines.retention import KVPool, KVRetention
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
 from teola_core.profiles.profile import LatencyProfile
@@ -199,6 +202,12 @@ class PrefixCache:
                         break
             for key in victims:
                 del self._blocks[key]
+
+    def demote(self, keys: Sequence[int]) -> None:
+        """The blocks will not be used again: first in line for eviction, deepest first."""
+        for key in keys:
+            if key in self._blocks:
+                self._blocks.move_to_end(key, last=False)
 
     def evicted(self, key: int) -> bool:
         """The block was held once and is not now (computing it is computing it again)."""
@@ -382,7 +391,7 @@ class _LoopState:
     task: asyncio.Task[None] | None = None
 
 
-class SimLLM(Engine, KVRetention):
+class SimLLM(Engine, KVRetention, KVPool):
     """PREFILL, PARTIAL_PREFILL, FULL_PREFILL, DECODE and PARTIAL_DECODE on one simulated model.
 
     Ports: PREFILL `prompt` -> `kv`; PARTIAL_PREFILL `prefix` -> `kv`; FULL_PREFILL
@@ -504,6 +513,19 @@ class SimLLM(Engine, KVRetention):
             return frozenset()
         self.cache.expire(self.clock.now())
         return self.cache.holders()
+
+    def kv_capacity_tokens(self) -> int | None:
+        return self.cache.capacity_blocks * self.cache.block_tokens if self.cache is not None else None
+
+    def count_tokens(self, text: Any) -> int | None:
+        return len(tokens_of(text)) if isinstance(text, str) else None
+
+    def discard(self, text: str, keep: str) -> None:
+        """Demote the cached blocks of `text` past the whole blocks of `keep` (shared ones stay)."""
+        if self.cache is None:
+            return
+        kept = len(tokens_of(_text(keep, "keep"))) // self.cache.block_tokens
+        self.cache.demote(self.cache.keys(tokens_of(_text(text, "text")))[kept:])
 
     def reload_seconds(self, text: str) -> float | None:
         """The profiled prefill time of `text` from nothing (unscaled seconds)."""

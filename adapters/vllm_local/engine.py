@@ -33,6 +33,9 @@ Prompts are raw completion text (no chat template), tokenized by vLLM's own rend
 the completion defaults (special tokens added), exactly as the server tokenizes a
 completion prompt.
 
+For agents (`KVPool`): the engine reports the KV cache vLLM allocated and counts prompt
+tokens, so the agent runtime admits programs by the size of their contexts.
+
 Event loops: vLLM's engine client is bound to the event loop it runs on. The engine owns
 one ("vLLM's loop", in a daemon thread) where vLLM starts and every request runs; calls
 from any other loop (the caller's `asyncio.run`, a Ray actor's loop, a drop-in object's
@@ -67,6 +70,7 @@ from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, ow
 from teola_adapters._optional import MissingDependencyError
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_core.engines.retention import KVPool
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
 from teola_core.runtime.loop_thread import LoopThread
@@ -106,7 +110,7 @@ def import_vllm() -> ModuleType:
         ) from exc
 
 
-class VLLMLocalEngine(Engine):
+class VLLMLocalEngine(Engine, KVPool):
     """LLM primitives on a vLLM engine in this process (see the module doc).
 
     model: a model folder or hub name, as for `vllm serve`.
@@ -234,6 +238,16 @@ class VLLMLocalEngine(Engine):
             return await fn(self._llm)
 
         return await self._on_home(call())
+
+    # -- the KV pool (agents) ----------------------------------------------------------
+    def kv_capacity_tokens(self) -> int | None:
+        """The KV cache vLLM allocated at start (`num_gpu_blocks` x block size), in tokens."""
+        blocks = self._llm.vllm_config.cache_config.num_gpu_blocks
+        return int(blocks) * self.block_size if blocks else None
+
+    def count_tokens(self, text: Any) -> int | None:
+        """Tokens of a completion prompt (vLLM's tokenizer; None for anything but text)."""
+        return len(self._llm.get_tokenizer().encode(text)) if isinstance(text, str) else None
 
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of `text` as vLLM tokenizes a completion prompt (special tokens added)."""

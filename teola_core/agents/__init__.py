@@ -1,5 +1,6 @@
 """Agents whose graph grows while they run (beyond the paper's static workflows)."""
 
+from teola_core.agents.admission import ProgramAdmission
 from teola_core.agents.program import Program
 from teola_core.agents.runtime import AgentFeatures, AgentRuntime
 from teola_core.agents.tool_cache import ToolResultCache, canonical_args
@@ -9,6 +10,7 @@ __all__ = [
     "AgentFeatures",
     "AgentRuntime",
     "Program",
+    "ProgramAdmission",
     "ToolDurations",
     "ToolResultCache",
     "canonical_args",

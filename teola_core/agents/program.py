@@ -65,6 +65,8 @@ class ProgramStats:
     kv_holds_refused: int = 0
     compactions_ahead: int = 0  # compactions used that were computed during a tool wait
     compactions_on_path: int = 0
+    admission_waits: int = 0  # model calls that waited for older programs to make room
+    admission_wait_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -114,6 +116,7 @@ class Program:
         out = b.llm(source, engine=engine, max_tokens=max_tokens, name="model", priority=priority, **sampling)
         b.output(text=out.text)
         graph = rt.optimize(b.build())
+        await self._admit(engine, prompt, max_tokens)
         began = rt.clock()
         self.stats.model_calls += 1
         try:
@@ -124,6 +127,9 @@ class Program:
                 arrival=priority,
             )
         finally:
+            admission = rt.admission(engine)
+            if admission is not None:
+                admission.done(self.id)  # a no-op for a call that did not pass admission
             ended = rt.clock()
             if not background:
                 self.attained_s += ended - began
@@ -219,6 +225,8 @@ class Program:
             return
         self.finished = True
         self._release()
+        if self.runtime.features.kv_retention:
+            self.runtime.discard_private_kv(self)
         self._drop_compaction()
         self.runtime._forget(self)
 
@@ -244,6 +252,22 @@ class Program:
     def _check_open(self) -> None:
         if self.finished:
             raise RuntimeError(f"agent program {self.id!r} has finished")
+
+    async def _admit(self, engine: str, prompt: Any, max_tokens: int) -> None:
+        """Wait, if older programs' contexts fill the engine's KV pool (`ProgramAdmission`)."""
+        rt = self.runtime
+        admission = rt.admission(engine)
+        tokens = rt.count_tokens(engine, prompt) if admission is not None else None
+        if admission is None or tokens is None:
+            return
+        admission.set_context(self.id, started=self.started, tokens=tokens + max_tokens)
+        if admission.may_call(self.id):
+            await admission.call(self.id)
+            return
+        self.stats.admission_waits += 1
+        began = rt.clock()
+        await admission.call(self.id)
+        self.stats.admission_wait_s += rt.clock() - began
 
     def _hold_for(self, tool: str) -> None:
         """Hold the last call's KV on its engine for the tool's time to live."""

@@ -15,7 +15,11 @@ applies what a static optimizer cannot:
   returning from a tool is not stuck behind agents that arrived later;
 - a result cache for tools declared idempotent, with identical in-flight calls merged;
 - compaction off the critical path: the agent's summarization runs while it waits on a
-  tool, at background priority, and is used only for exactly the same input.
+  tool, at background priority, and is used only for exactly the same input;
+- admission by KV working set: when the agents' contexts do not fit an engine's KV
+  pool, only the oldest programs whose contexts fit may call the model; the others wait
+  before their next call instead of evicting everyone's context in turn
+  (`ProgramAdmission`). A finished program's private KV is discarded first.
 
 Each feature can be turned off (`AgentFeatures`), which is how the benchmark measures
 them one at a time.
@@ -33,13 +37,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import count
-from typing import Literal
+from typing import Any, Literal
 
+from teola_core.agents.admission import ProgramAdmission
 from teola_core.agents.program import Program
 from teola_core.agents.tool_cache import ToolResultCache
 from teola_core.agents.ttl import ToolDurations
 from teola_core.engines.protocol import EngineSet
-from teola_core.engines.retention import KVRetention
+from teola_core.engines.retention import KVPool, KVRetention
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.passes import PassManager, default_passes
@@ -56,6 +61,7 @@ class AgentFeatures:
     priority: bool = True
     tool_cache: bool = True
     compaction: bool = True
+    admission: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -102,6 +108,8 @@ class AgentRuntime:
     "fcfs" (program start) or "plas" (least attained model time first). passes: the
     passes run on each new frontier (default: Teola's four). clock: seconds, shared by
     the runtime, the tool timings and the TTLs (the engines' holds use their own clock).
+    overcommit: how many times an engine's KV pool the admitted programs' contexts may
+    add up to (admission needs an engine that reports its pool and counts tokens).
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class AgentRuntime:
         priority_rule: Literal["fcfs", "plas"] = "fcfs",
         passes: Sequence[Pass] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        overcommit: float = 1.0,
     ) -> None:
         if priority_rule not in ("fcfs", "plas"):
             raise ValueError(f"unknown priority rule {priority_rule!r} (known: fcfs, plas)")
@@ -128,6 +137,8 @@ class AgentRuntime:
         self._context = PassContext(profiles=engines.profiles())
         self._programs: dict[str, Program] = {}
         self._ids = count()
+        self.overcommit = overcommit
+        self._admissions: dict[str, ProgramAdmission] = {}  # made on first use: a pool is sized once the engine runs
 
     def program(self, program_id: str | None = None) -> Program:
         """Start one agent run (ids must be unique among running programs)."""
@@ -154,6 +165,35 @@ class AgentRuntime:
         candidate = self.engines[engine]
         return candidate if isinstance(candidate, KVRetention) else None
 
+    def admission(self, engine: str) -> ProgramAdmission | None:
+        """The engine's program admission, when the feature is on and the engine has a `KVPool`."""
+        if not self.features.admission or engine not in self.engines:
+            return None
+        admission = self._admissions.get(engine)
+        pool = self.engines[engine]
+        if admission is None and isinstance(pool, KVPool):
+            capacity = pool.kv_capacity_tokens()
+            if capacity:
+                admission = self._admissions[engine] = ProgramAdmission(capacity, overcommit=self.overcommit)
+        return admission
+
+    def count_tokens(self, engine: str, prompt: Any) -> int | None:
+        """The prompt's KV tokens on `engine`, if the engine can tell."""
+        pool = self.engines.engines.get(engine)
+        return pool.count_tokens(prompt) if isinstance(pool, KVPool) else None
+
+    def discard_private_kv(self, program: Program) -> None:
+        """The program finished: its KV past what other running programs share (the
+        system and tool block, say) goes first when the engine evicts."""
+        engine_name = program.last_engine
+        engine = self.retention(engine_name)
+        text = program.last_text
+        if engine is None or not isinstance(text, str):
+            return
+        others = (p.last_text for p in self._programs.values() if p is not program and p.last_engine == engine_name)
+        shared = max((_common_prefix_chars(text, other) for other in others if isinstance(other, str)), default=0)
+        engine.discard(text, text[:shared])
+
     def queue_delay_s(self) -> float:
         return self._queue.mean_s
 
@@ -165,3 +205,17 @@ class AgentRuntime:
     def _forget(self, program: Program) -> None:
         if self._programs.get(program.id) is program:
             del self._programs[program.id]
+            for admission in self._admissions.values():
+                admission.leave(program.id)
+
+
+def _common_prefix_chars(a: str, b: str) -> int:
+    """Length of the longest common prefix (binary search on slices: C speed on long prompts)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

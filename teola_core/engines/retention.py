@@ -15,11 +15,18 @@ checks `isinstance(engine, KVRetention)` and otherwise only keeps the prefix war
         kept = engine.retain("agent-7", prompt + answer, ttl_s=2.5)
         ...
         engine.release("agent-7")   # the agent is back (its call now holds the KV) or done
+
+`discard` (optional) puts a finished program's private KV first in line for eviction.
+
+An engine that can tell its KV pool's size and count a prompt's tokens (`KVPool`; the
+simulated LLM, in-process vLLM) lets the runtime keep the running programs' contexts
+within the pool (`teola_core.agents.admission`), with or without holds.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 
 class KVRetention(ABC):
@@ -42,6 +49,10 @@ class KVRetention(ABC):
     def held_programs(self) -> frozenset[str]:
         """Programs whose hold is still in force (expired holds are not listed)."""
 
+    def discard(self, text: str, keep: str) -> None:  # noqa: B027 - optional, a no-op by default
+        """`text`'s KV past its prefix `keep` will not be used again (the program finished):
+        evict it before anything else. Engines without an eviction order ignore it."""
+
     def reload_seconds(self, text: str) -> float | None:
         """How long re-prefilling `text` from nothing would take (None: unknown).
 
@@ -49,3 +60,15 @@ class KVRetention(ABC):
         tokenizer know it.
         """
         return None
+
+
+class KVPool(ABC):
+    """An engine whose KV pool the agent runtime can size programs' contexts against."""
+
+    @abstractmethod
+    def kv_capacity_tokens(self) -> int | None:
+        """The KV pool's size in tokens (None: not known yet)."""
+
+    @abstractmethod
+    def count_tokens(self, text: Any) -> int | None:
+        """How many KV tokens the prompt `text` occupies (None: the engine cannot tell)."""

@@ -258,3 +258,31 @@ def test_failures_name_the_primitive(engine: VLLMLocalEngine) -> None:
     assert isinstance(foreign, ValueError) and "belongs to engine 'other'" in str(foreign)
     assert isinstance(fine, dict) and isinstance(fine["text"], str)  # the batch's good call is unaffected
     assert engine.stats.failures == failures_before + 2
+
+
+def test_agent_programs_are_admitted_by_the_kv_vllm_allocated(engine: VLLMLocalEngine) -> None:
+    """The engine's `KVPool`: the agent runtime sizes programs against vLLM's own KV cache."""
+    from teola_core.agents import AgentFeatures, AgentRuntime
+    from teola_core.engines.protocol import EngineSet
+
+    capacity = engine.kv_capacity_tokens()
+    blocks = engine.async_llm.vllm_config.cache_config.num_gpu_blocks
+    assert capacity == blocks * engine.block_size and capacity > 0
+    assert engine.count_tokens(QUESTION) == len(run(engine.tokenize(QUESTION)))
+    assert engine.count_tokens(["not", "text"]) is None
+    prompts = [fresh_prefix() + QUESTION, fresh_prefix() + QUESTION]
+
+    async def agents(features: AgentFeatures) -> tuple[list[str], list[int]]:
+        # overcommit so small that one program's context fills the pool: the second waits
+        rt = AgentRuntime(EngineSet().add(engine), features=features, overcommit=1 / capacity)
+        a, b = rt.program("a"), rt.program("b")
+        first = asyncio.ensure_future(a.generate(prompts[0], engine=ENGINE, max_tokens=8))
+        await asyncio.sleep(0)  # a's call is past admission and under way
+        second = asyncio.ensure_future(b.generate(prompts[1], engine=ENGINE, max_tokens=8))
+        texts = list(await asyncio.gather(first, second))
+        await rt.close()
+        return texts, [a.stats.admission_waits, b.stats.admission_waits]
+
+    admitted, waits = run(agents(AgentFeatures.only("admission")))
+    plain, no_waits = run(agents(AgentFeatures.none()))
+    assert admitted == plain and waits == [0, 1] and no_waits == [0, 0]

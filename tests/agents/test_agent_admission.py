@@ -1,0 +1,136 @@
+"""Program admission by KV working set: a pure state machine, then through the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from teola_adapters.simulated import SimLLM
+from teola_adapters.simulated.llm import BLOCK_TOKENS
+from teola_adapters.simulated.paper_profiles import LLM
+from teola_core.agents import AgentFeatures, AgentRuntime
+from teola_core.agents.admission import ProgramAdmission
+from teola_core.engines.protocol import EngineSet
+
+
+def test_the_oldest_programs_whose_contexts_fit_are_admitted() -> None:
+    admission = ProgramAdmission(100)
+    admission.set_context("young", started=2.0, tokens=30)
+    admission.set_context("old", started=1.0, tokens=60)
+    assert admission.admitted() == ["old", "young"]
+    admission.set_context("older", started=0.5, tokens=30)  # counts from its first call on
+    assert admission.admitted() == ["older", "old"]  # 30 + 60 fit, + 30 does not
+    assert not admission.may_call("young")
+    admission.leave("old")
+    assert admission.admitted() == ["older", "young"]
+
+
+def test_the_oldest_program_is_admitted_even_alone_too_large() -> None:
+    admission = ProgramAdmission(100, overcommit=1.5)
+    admission.set_context("big", started=0.0, tokens=500)
+    admission.set_context("small", started=1.0, tokens=1)
+    assert admission.admitted() == ["big"]
+    admission.set_context("big", started=0.0, tokens=140)  # compaction shrank it
+    assert admission.admitted() == ["big", "small"]  # 141 <= 150
+    with pytest.raises(ValueError, match="overcommit"):
+        ProgramAdmission(100, overcommit=0)
+    with pytest.raises(ValueError, match="capacity"):
+        ProgramAdmission(0)
+
+
+async def test_a_waiting_program_goes_when_an_older_one_leaves_and_growth_suspends_at_the_next_call() -> None:
+    admission = ProgramAdmission(100)
+    admission.set_context("a", started=0.0, tokens=50)
+    admission.set_context("b", started=1.0, tokens=50)
+    await admission.call("a")
+    await admission.call("b")  # both fit
+    admission.set_context("a", started=0.0, tokens=80)  # a's context grew: b no longer fits...
+    admission.done("b")  # ...but b's call under way was never interrupted
+    admission.set_context("b", started=1.0, tokens=50)
+    waiting = asyncio.ensure_future(admission.call("b"))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # a is calling, so the engine is not idle: b waits
+    admission.leave("a")
+    await waiting
+    assert admission.admitted() == ["b"]
+
+
+async def test_while_nobody_calls_the_next_in_line_may_one_at_a_time() -> None:
+    admission = ProgramAdmission(10)
+    for i, name in enumerate("abc"):
+        admission.set_context(name, started=float(i), tokens=10)
+    assert admission.admitted() == ["a"]  # a waits on a tool: not calling
+    b = asyncio.ensure_future(admission.call("b"))
+    c = asyncio.ensure_future(admission.call("c"))
+    await asyncio.sleep(0)
+    assert b.done() and not c.done()  # the engine was idle: b's turn, c still waits
+    admission.done("b")
+    await c  # b's call ended and a is still away: c's turn
+    assert admission.admitted() == ["a"]
+
+
+async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
+    admission = ProgramAdmission(10)
+    for i, name in enumerate("abc"):
+        admission.set_context(name, started=float(i), tokens=10)
+    await admission.call("a")
+    b = asyncio.ensure_future(admission.call("b"))
+    c = asyncio.ensure_future(admission.call("c"))
+    await asyncio.sleep(0)
+    admission.done("a")  # idle: b gets the turn...
+    b.cancel()  # ...but b's caller is gone before it resumes
+    await asyncio.sleep(0)
+    await c
+    assert b.cancelled()
+
+
+# -- through the runtime, on the simulated engine's KV pool ---------------------------------------
+def _words(tag: str, n: int) -> str:
+    """n words and a trailing space, so an answer appended to it is words of its own."""
+    return " ".join(f"{tag}{i}" for i in range(n)) + " "
+
+
+async def test_programs_beyond_the_pool_wait_and_answers_do_not_change() -> None:
+    pool = 8 * BLOCK_TOKENS
+    prompts = {p: _words(p, 5 * BLOCK_TOKENS) for p in ("a", "b")}  # one fits the pool, two do not
+
+    async def run(features: AgentFeatures) -> tuple[list[str], list[int]]:
+        llm = SimLLM(LLM, time_scale=0.0, cache_tokens=pool, kv_pool=True)
+        agents = AgentRuntime(EngineSet().add(llm), features=features)
+        assert llm.kv_capacity_tokens() == pool and llm.count_tokens("x y") == 2
+        a, b = agents.program("a"), agents.program("b")
+        first = asyncio.ensure_future(a.generate(prompts["a"], engine="llm", max_tokens=4))
+        await asyncio.sleep(0)  # a's call passes admission and is under way
+        admission = agents.admission("llm")
+        if admission is not None:
+            assert admission.admitted() == ["a"]
+        second = asyncio.ensure_future(b.generate(prompts["b"], engine="llm", max_tokens=4))
+        answers = list(await asyncio.gather(first, second))
+        waits = [a.stats.admission_waits, b.stats.admission_waits]
+        await agents.close()
+        await llm.close()
+        return answers, waits
+
+    with_admission, waits = await run(AgentFeatures.only("admission"))
+    without, no_waits = await run(AgentFeatures.none())
+    assert with_admission == without
+    assert waits == [0, 1] and no_waits == [0, 0]
+
+
+@pytest.mark.parametrize("retention", [True, False])
+async def test_a_finished_program_s_private_kv_is_evicted_first(retention: bool) -> None:
+    shared = _words("system", 2 * BLOCK_TOKENS)
+    llm = SimLLM(LLM, time_scale=0.0, cache_tokens=8 * BLOCK_TOKENS)
+    agents = AgentRuntime(EngineSet().add(llm), features=AgentFeatures(kv_retention=retention))
+    done, running = agents.program("done"), agents.program("running")
+    own = shared + _words("r", 2 * BLOCK_TOKENS)
+    await running.generate(own, engine="llm", max_tokens=1)
+    await done.generate(shared + _words("d", 2 * BLOCK_TOKENS), engine="llm", max_tokens=1)
+    done.finish()  # its blocks were the most recent; with retention they now go first
+    await running.generate(shared + _words("x", 4 * BLOCK_TOKENS), engine="llm", max_tokens=1)  # evicts two
+    await running.generate(own, engine="llm", max_tokens=1)
+    assert (llm.stats.recomputed_tokens == 0) == retention  # running's context survived; the shared one too
+    running.finish()
+    await agents.close()
+    await llm.close()
