@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-BACKGROUND_PRIORITY = 1e12
+BACKGROUND_PRIORITY = 10**15
 """Added to a program's priority for work nobody waits on yet (speculative compaction)."""
 
 
@@ -76,6 +76,7 @@ class Program:
     runtime: AgentRuntime
     id: str
     started: float
+    rank: int = 0  # order of start among the runtime's programs
     attained_s: float = 0.0
     last_text: str | None = None
     last_engine: str | None = None
@@ -86,17 +87,18 @@ class Program:
     finished: bool = False
 
     # -- priority ---------------------------------------------------------------------
-    def priority(self, *, background: bool = False) -> float:
-        """Lower runs first: program start (FCFS, Continuum's program-level order) or
-        attained model time (PLAS, Autellix); without the feature: the call's own time."""
+    def priority(self, *, background: bool = False) -> int:
+        """Lower runs first: the program's order of start (FCFS, Continuum's program-level
+        order) or its attained model time in microseconds (PLAS, Autellix); without the
+        feature: the call's order of issue. An int, because vLLM's priority is one."""
         rt = self.runtime
         if not rt.features.priority:
-            base = rt.clock()
+            base = rt.next_call_rank()
         elif rt.priority_rule == "plas":
-            base = self.attained_s
+            base = round(self.attained_s * 1e6)
         else:
-            base = self.started
-        return base + (BACKGROUND_PRIORITY if background else 0.0)
+            base = self.rank
+        return base + (BACKGROUND_PRIORITY if background else 0)
 
     # -- model calls -------------------------------------------------------------------
     async def generate(

@@ -137,6 +137,8 @@ class AgentRuntime:
         self._context = PassContext(profiles=engines.profiles())
         self._programs: dict[str, Program] = {}
         self._ids = count()
+        self._ranks = count()  # programs, by start
+        self._call_ranks = count()  # model calls, by issue (priority feature off)
         self.overcommit = overcommit
         self._admissions: dict[str, ProgramAdmission] = {}  # made on first use: a pool is sized once the engine runs
 
@@ -145,7 +147,7 @@ class AgentRuntime:
         pid = program_id if program_id is not None else f"agent{next(self._ids)}"
         if pid in self._programs:
             raise ValueError(f"agent program {pid!r} is already running")
-        program = Program(self, pid, started=self.clock())
+        program = Program(self, pid, started=self.clock(), rank=next(self._ranks))
         self._programs[pid] = program
         return program
 
@@ -193,6 +195,9 @@ class AgentRuntime:
         others = (p.last_text for p in self._programs.values() if p is not program and p.last_engine == engine_name)
         shared = max((_common_prefix_chars(text, other) for other in others if isinstance(other, str)), default=0)
         engine.discard(text, text[:shared])
+
+    def next_call_rank(self) -> int:
+        return next(self._call_ranks)
 
     def queue_delay_s(self) -> float:
         return self._queue.mean_s
