@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -44,7 +45,8 @@ def add_bench_command(commands: Any) -> None:
         choices=("simulated", "local-real"),
         default="simulated",
         help="the workloads' engines: simulated (profile-driven) or the real embedded ones "
-        "(SmolLM2 on llama.cpp, MiniLM, embedded pgvector; real time, so the time scale is 1)",
+        "(SmolLM2 on llama.cpp, MiniLM, embedded pgvector; real time, so the time scale is 1); "
+        "with --agents: SmolLM2 on llama.cpp, one thread, real time, tool waits scaled by --time-scale (0.1)",
     )
     p.add_argument(
         "--langchain",
@@ -66,13 +68,15 @@ def add_bench_command(commands: Any) -> None:
         "--agents",
         action="store_true",
         help="concurrent ReAct agents (trace-driven) on a simulated LLM with a bounded KV pool: "
-        "the plain agent vs Teola's agent runtime, each feature alone and all together",
+        "the plain agent vs Teola's agent runtime, each feature alone and all together "
+        "(--engines local-real: on llama.cpp with SmolLM2, plain vs teola)",
     )
     p.add_argument(
         "--concurrency",
         type=int,
         default=None,
-        help="--langchain/--llamaindex: queries in flight (default 4); --agents: concurrent agents (default 32)",
+        help="--langchain/--llamaindex: queries in flight (default 4); "
+        "--agents: concurrent agents (default 32; 4 with --engines local-real)",
     )
     p.add_argument(
         "--batching",
@@ -203,6 +207,8 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
 
 def run_agents_bench(args: argparse.Namespace) -> int:
     """`--agents`: trace-driven agents on the simulated LLM (see `teola_benchmarks.agents`)."""
+    if args.engines == "local-real":
+        return run_agents_llamacpp_bench(args)
     from teola_benchmarks.agents.bench import bench_agents, system_names
     from teola_benchmarks.virtual_time import run_virtual
 
@@ -222,25 +228,67 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    table = Table(
-        title=f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens (answers identical)"
-    )
-    for column in ("system", "mean JCT s", "p95 JCT s", "recomputed prefill", "prefix hit rate", "vs plain"):
-        table.add_column(column, justify="left" if column == "system" else "right")
-    plain = result.systems.get("plain")
-    for name, r in result.systems.items():
-        s = r.summary()
-        ratio = f"{plain.summary()['mean_s'] / s['mean_s']:.2f}x" if plain else "-"
-        table.add_row(
-            name,
-            f"{s['mean_s']:.1f}",
-            f"{s['p95_s']:.1f}",
-            f"{s['recomputed_prefill_tokens']:,}",
-            f"{s['prefix_hit_rate']:.1%}",
-            ratio,
-        )
+    title = f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens (answers identical)"
+    columns = {"recomputed prefill": "recomputed_prefill_tokens", "prefix hit rate": "prefix_hit_rate"}
+    table = _agents_table(title, columns, {name: r.summary() for name, r in result.systems.items()})
     Console().print(table)
     return 0
+
+
+def run_agents_llamacpp_bench(args: argparse.Namespace) -> int:
+    """`--agents --engines local-real`: the agents on llama.cpp in real time (`teola_benchmarks.agents.llamacpp`)."""
+    from teola_benchmarks.agents.llamacpp import SYSTEMS as AGENT_SYSTEMS
+    from teola_benchmarks.agents.llamacpp import bench_agents_llamacpp
+
+    concurrency = 4 if args.concurrency is None else args.concurrency
+    tool_time_scale = 0.1 if args.time_scale is None else args.time_scale
+    systems = (
+        AGENT_SYSTEMS
+        if args.systems == ",".join(SYSTEMS)
+        else tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    )
+    try:
+        result = asyncio.run(
+            bench_agents_llamacpp(
+                concurrency=concurrency, seed=args.seed, systems=systems, tool_time_scale=tool_time_scale
+            )
+        )
+    except ValueError as exc:
+        raise SystemExit(f"teola bench: {exc}") from exc
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        same = "answers identical" if not result.mismatches else "ANSWERS DIFFER"
+        title = (
+            f"{concurrency} agents on llama.cpp (SmolLM2-135M, 1 thread), state cache "
+            f"{result.cache_tokens:,} tokens, tools x{tool_time_scale:g} ({same})"
+        )
+        columns = {
+            "prompt tokens": "prompt_tokens",
+            "evaluated": "prefill_tokens",
+            "recomputed": "recomputed_prefill_tokens",
+            "reused": "prefix_hit_rate",
+        }
+        table = _agents_table(title, columns, {name: r.summary() for name, r in result.systems.items()})
+        Console().print(table)
+    if result.mismatches:  # greedy decoding is bit-identical by design: a difference is a bug to look into
+        for name, where in result.mismatches.items():
+            print(f"teola bench: {name} answered differently than {systems[0]}: {where}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[str, Any]]) -> Table:
+    """Mean and p95 JCT, the given summary keys by column title, and the mean's ratio to plain."""
+    table = Table(title=title)
+    for column in ("system", "mean JCT s", "p95 JCT s", *columns, "vs plain"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    plain = systems.get("plain")
+    for name, s in systems.items():
+        cells = [f"{s[key]:.1%}" if isinstance(s[key], float) else f"{s[key]:,}" for key in columns.values()]
+        ratio = f"{plain['mean_s'] / s['mean_s']:.2f}x" if plain else "-"
+        table.add_row(name, f"{s['mean_s']:.1f}", f"{s['p95_s']:.1f}", *cells, ratio)
+    return table
 
 
 def _table(result: BenchResult) -> Table:

@@ -42,6 +42,19 @@ scheduler with the runs on the same loop (all sync calls share one). The agent's
 is opaque to Teola (a framework object, no `KVRetention`), so KV holds do not apply to
 it; priority applies once `model_concurrency` calls are running.
 
+Summaries off the critical path: LangChain's `SummarizationMiddleware` summarizes in
+`before_model`, while the agent waits. When the agent has one, the first tool call of
+each turn predicts the messages `before_model` will see (the state's messages plus one
+`ToolMessage` per tool call) and, if the middleware will certainly summarize and which
+messages it will summarize is already known, starts the middleware's own `_acreate_summary`
+on them (`Program.compact_ahead`) while the tools run. `optimize` wraps that middleware
+instance's `_create_summary` / `_acreate_summary`: inside an optimized run they take the
+summary computed ahead only for exactly the same messages (ids and contents), else
+compute it as LangChain does (`Program.compacted`); outside one they are the middleware's
+own. The exact conditions are in `teola_langchain.summarization`. A summary started ahead
+runs in the tool call's context, so tracing shows it under the tools step; one the agent
+does not use is cancelled (another summary is needed, or the run ends).
+
 An agent built with `TeolaMiddleware` but invoked directly (not through `optimize`) runs
 as plain LangChain: the middleware passes every call through. The middleware also adds
 an empty `before_agent` step, by which `optimize` finds it: streams of `updates` show it
@@ -57,12 +70,14 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from langchain.agents.middleware import AgentMiddleware, ModelRequest
-from langchain_core.messages import ToolMessage
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, SummarizationMiddleware
+from langchain_core.messages import AnyMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import var_child_runnable_config
+from langchain_core.tools import BaseTool
 from langgraph.config import get_config
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -72,6 +87,15 @@ from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.loop_thread import LoopThread
+from teola_langchain.summarization import (
+    SummaryAhead,
+    find_summarization,
+    install_hooks,
+    summary_ahead,
+    summary_key,
+    sync_speculation,
+    tool_turn,
+)
 from teola_langchain.tracer import DEFAULT_MAX_TOKENS
 
 T = TypeVar("T")
@@ -164,6 +188,9 @@ class AgentRun:
     agent: OptimizedAgent
     program: Program
     loop: asyncio.AbstractEventLoop
+    sync: bool = False  # run by the sync methods (the program on the agent's own loop)
+    _ahead_turn: str | None = field(default=None, init=False)  # the last turn whose summary was considered
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)  # sync tools: threads
 
     def config(self, config: RunnableConfig | None) -> RunnableConfig:
         """The caller's config with this run in `configurable`."""
@@ -195,14 +222,25 @@ class AgentRun:
 
     # -- tool calls --------------------------------------------------------------------
     def tool_call(self, request: ToolCallRequest, handler: ToolHandler) -> Any:
+        ahead = self._summary_ahead(request)
+        context = contextvars.copy_context()
         turn = _CallerTurn(self.loop)
-        return turn.run(self._call_tool(request, lambda: turn.call(lambda: handler(request))))
+        return turn.run(self._call_tool(request, lambda: turn.call(lambda: handler(request)), ahead, context))
 
     async def atool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]]) -> Any:
         self._check_loop()
-        return await self._call_tool(request, lambda: handler(request))
+        ahead = self._summary_ahead(request)
+        return await self._call_tool(request, lambda: handler(request), ahead, contextvars.copy_context())
 
-    async def _call_tool(self, request: ToolCallRequest, run: Callable[[], Awaitable[Any]]) -> Any:
+    async def _call_tool(
+        self,
+        request: ToolCallRequest,
+        run: Callable[[], Awaitable[Any]],
+        ahead: SummaryAhead | None,
+        context: contextvars.Context,
+    ) -> Any:
+        if ahead is not None:  # started in the tool call's context (LangChain's config and callbacks)
+            context.run(self.program.compact_ahead, ahead.key, ahead.summarize)
         name = request.tool_call["name"]
         version = self.agent.idempotent_tools.get(name)
         if version is None:
@@ -226,6 +264,38 @@ class AgentRun:
         except _ErrorResult as failed:
             message = failed.message
         return message.model_copy(update={"tool_call_id": request.tool_call["id"], "id": None})
+
+    # -- summaries (SummarizationMiddleware) ---------------------------------------------
+    def _summary_ahead(self, request: ToolCallRequest) -> SummaryAhead | None:
+        """The summary to start while this turn's tools run: considered once per turn, by its first tool call.
+
+        Sync runs call it in the tool call's thread: token counting stays off the program's loop.
+        """
+        middleware = self.agent.summarization
+        if middleware is None or not self.program.runtime.features.compaction:
+            return None
+        if self.sync and not sync_speculation(middleware):
+            return None
+        turn = tool_turn(request)
+        if turn is None or turn.id is None:
+            return None
+        with self._lock:
+            if turn.id == self._ahead_turn:
+                return None
+            self._ahead_turn = turn.id
+        return summary_ahead(middleware, turn, self.agent.direct_tools)
+
+    def summary(self, messages: list[AnyMessage], create: Callable[[list[AnyMessage]], str]) -> str:
+        """The middleware's `_create_summary` in a sync run: the one computed ahead for exactly
+        these messages, else `create` now, in the calling (LangGraph) thread."""
+        key = summary_key(messages)
+        turn = _CallerTurn(self.loop)
+        return turn.run(self.program.compacted(key, lambda: turn.call(lambda: create(messages))))
+
+    async def asummary(self, messages: list[AnyMessage], create: Callable[[list[AnyMessage]], Awaitable[str]]) -> str:
+        """The middleware's `_acreate_summary`: the one computed ahead for exactly these messages, else now."""
+        self._check_loop()
+        return await self.program.compacted(summary_key(messages), lambda: create(messages))
 
     def _check_loop(self) -> None:
         if asyncio.get_running_loop() is not self.loop:
@@ -265,6 +335,10 @@ class OptimizedAgent(Runnable[Any, Any]):
         self.name = agent.get_name()
         self.middleware = find_middleware(agent)
         self.idempotent_tools = _tool_versions(idempotent_tools, tool_names(agent))
+        self.direct_tools = frozenset(name for name, t in agent_tools(agent).items() if t.return_direct)
+        self.summarization = find_summarization(agent)
+        if self.summarization is not None:
+            install_hooks(self.summarization, _summary_run)
         self.features = features or AgentFeatures()
         self.priority_rule = priority_rule
         self.on_program = on_program
@@ -333,9 +407,9 @@ class OptimizedAgent(Runnable[Any, Any]):
             await runtime.close()
 
     # -- runs --------------------------------------------------------------------------
-    def _open(self) -> AgentRun:
+    def _open(self, *, sync: bool = False) -> AgentRun:
         """Start a run on the running loop."""
-        return AgentRun(self, self.runtime_for_current_loop().program(), asyncio.get_running_loop())
+        return AgentRun(self, self.runtime_for_current_loop().program(), asyncio.get_running_loop(), sync=sync)
 
     def _finish(self, run: AgentRun) -> None:
         run.program.finish()
@@ -343,7 +417,7 @@ class OptimizedAgent(Runnable[Any, Any]):
             self.on_program(run.program)
 
     async def _aopen(self) -> AgentRun:
-        return self._open()
+        return self._open(sync=True)
 
     async def _aend(self, run: AgentRun) -> None:
         run.program.finish()
@@ -420,11 +494,23 @@ def find_middleware(agent: Any) -> TeolaMiddleware:
 
 def tool_names(agent: Any) -> frozenset[str]:
     """The names of the tools the agent's tool node runs."""
-    names: set[str] = set()
+    return frozenset(agent_tools(agent))
+
+
+def agent_tools(agent: Any) -> dict[str, BaseTool]:
+    """The tools the agent's tool node runs, by name."""
+    tools: dict[str, BaseTool] = {}
     for spec in agent.builder.nodes.values():
         if isinstance(spec.runnable, ToolNode):
-            names.update(spec.runnable.tools_by_name)
-    return frozenset(names)
+            tools.update(spec.runnable.tools_by_name)
+    return tools
+
+
+def _summary_run(middleware: SummarizationMiddleware) -> AgentRun | None:
+    """The optimized run that runs `middleware` now (from the node's config), if any."""
+    config = var_child_runnable_config.get()
+    run = ((config or {}).get("configurable") or {}).get(RUN_KEY)
+    return run if isinstance(run, AgentRun) and run.agent.summarization is middleware else None
 
 
 def _tool_versions(tools: Mapping[str, str] | Iterable[str] | None, known: frozenset[str]) -> dict[str, str]:

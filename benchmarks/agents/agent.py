@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from teola_adapters.simulated.llm import SimLLM, tokens_of
+from teola_adapters.simulated.llm import tokens_of
 from teola_benchmarks.agents.trace import AgentJob, Shape, ToolCall
 from teola_core.agents.program import Program
-from teola_core.engines.protocol import Call
+from teola_core.engines.protocol import Call, Engine
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
@@ -113,7 +113,7 @@ def _tool_run(call: ToolCall, sleep: Callable[[float], Awaitable[None]]) -> Call
 class PlainBackend:
     """The agent as frameworks run it: each call straight to the model server, FIFO."""
 
-    def __init__(self, engine: SimLLM, job_id: str) -> None:
+    def __init__(self, engine: Engine, job_id: str) -> None:
         self._engine = engine
         self._job = job_id
         self._nodes: dict[int, tuple[Node, Node]] = {}

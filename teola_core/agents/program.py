@@ -17,6 +17,7 @@ What the program remembers for the policies:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from teola_core.agents.runtime import AgentRuntime
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 BACKGROUND_PRIORITY = 10**15
 """Added to a program's priority for work nobody waits on yet (speculative compaction)."""
@@ -213,7 +216,7 @@ class Program:
             self.stats.compactions_ahead += 1
             return summary
         if ahead is not None:
-            ahead.task.cancel()
+            _discard(ahead.task)
         return await self._compact_on_path(summarize)
 
     async def _compact_on_path(self, summarize: Callable[[], Awaitable[str]]) -> str:
@@ -296,8 +299,20 @@ class Program:
 
     def _drop_compaction(self) -> None:
         if self._compaction is not None:
-            self._compaction.task.cancel()
+            _discard(self._compaction.task)
             self._compaction = None
+
+
+def _discard(task: asyncio.Task[Any]) -> None:
+    """Cancel a compaction nobody will use; if it already failed, its error is read and
+    logged here (nobody awaits it, and the agent computes what it needs on the path)."""
+    task.cancel()
+    task.add_done_callback(_log_unused_failure)
+
+
+def _log_unused_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.info("a compaction started ahead failed and was not used: %r", task.exception())
 
 
 def _current_task_cancelling() -> bool:

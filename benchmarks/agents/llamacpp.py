@@ -1,0 +1,257 @@
+"""`teola bench --agents --engines local-real`: the agent benchmark on a real model.
+
+The same ReAct loop (`agent.run_agent`) and trace-driven jobs as the simulated benchmark,
+on the embedded llama.cpp engine (SmolLM2-135M-Instruct, one thread) in real time:
+
+- model calls are the real model decoding greedily, `answer_tokens` tokens a call. The
+  tool choice is scripted by the trace, not chosen by the model (a 135M model cannot
+  pick tools), and the prompts are the benchmark's pseudo-words, so the answers are
+  whatever SmolLM2 writes after them: the point is the work the engine does, not the text;
+- tool waits are real `asyncio.sleep`s of the trace's durations scaled by
+  `tool_time_scale` (default 0.1: p50 0.03 s, p90 1.4 s, at most 21.6 s), because one
+  thread prefills ~130 tokens/s and unscaled tools would make a run last tens of minutes;
+  job starts are spread over the first 5 s at the same scale;
+- `SMALL_SHAPE` sizes jobs for SmolLM2's 2048-token context (a word of the benchmark is
+  about 3 tokens): a 120-word shared system block, compaction past 300 words;
+- the KV is bounded: the engine has `max_sequences` + 1 live sequences (fewer than the
+  agents, so they take each other's) and a state cache the size of the agents' mean
+  contexts added up (`POOL_FRACTION`). A saved state is a whole prompt's copy, so the
+  cache keeps about one recent state per agent and evicts the rest; holds may take
+  `HOLD_FRACTION` of it (room for two or three agents' contexts at 4 agents; the
+  engine's default, half, holds one or two). At half that size the cache cannot
+  even keep a prompt's state from its prefill to its decode (measured once at 4 agents,
+  seed 0: Teola recomputed 1,376 tokens, plain 1,280).
+
+Real time makes runs vary: which sequence and saved state each agent finds depends on
+when the others' calls land. At the default (4 agents, 2 decode sequences) each system
+has evaluated either ~2,900 or ~4,100 of 11,624 prompt tokens from run to run, so one run
+does not rank them; at 3 agents on one sequence (the test) Teola's holds win every run.
+
+Reported per system: mean and p95 job completion time (wall seconds, from the job's start
+to its final answer), the prompt tokens of its model calls (the work without any reuse),
+how many of them llama.cpp evaluated, how many of those were recomputed (whole chunks it
+had evaluated before, `LlamaCppStats.recomputed_tokens`) and the share reused. Greedy
+decoding on canonical chunks is bit-identical however prompts are split or batched, so
+every system's answers must equal the first system's; differences are reported, not
+hidden (`mismatches`).
+
+    result = asyncio.run(bench_agents_llamacpp(concurrency=4))
+    result.to_json()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from teola_adapters.llamacpp import LlamaCppEngine
+from teola_benchmarks.agents.agent import AgentOutput, Backend, PlainBackend, Summarize, TeolaBackend, run_agent
+from teola_benchmarks.agents.bench import AgentSystemResult, features_of
+from teola_benchmarks.agents.trace import AgentJob, Shape, ToolCall, make_jobs, mean_context_tokens
+from teola_core.agents import AgentRuntime
+from teola_core.engines.protocol import EngineSet
+
+SMALL_SHAPE = Shape(
+    system_tokens=120,  # words (~360 tokens): the shared system + tool-schema block
+    task_tokens=30,
+    answer_tokens=24,  # the model's tokens a call (its max_tokens)
+    result_tokens=40,
+    mean_turns=4,
+    max_turns=6,
+    compact_tokens=300,  # words (~900 tokens): a prompt plus one turn stays within n_ctx
+    summary_tokens=32,
+)
+SYSTEMS = ("plain", "teola")
+N_CTX = 2048
+MAX_SEQUENCES = 2
+TOOL_TIME_SCALE = 0.1
+SPREAD_S = 5.0  # unscaled, like the tool durations
+TOKENS_PER_WORD = 3.0  # SmolLM2's tokenizer on the benchmark's pseudo-words (measured: 2.96)
+STATE_BYTES_PER_TOKEN = 23_000  # a saved SmolLM2 sequence state (measured: 23.05 KB a token)
+POOL_FRACTION = 1.0
+HOLD_FRACTION = 3 / 4
+
+
+@dataclass
+class RealAgentSystemResult(AgentSystemResult):
+    prompt_tokens: int = 0  # of the model calls: the prefill work if nothing were reused
+    decode_tokens: int = 0
+    kv_holds_refused: int = 0
+    wall_s: float = 0.0  # the whole run, first start to last answer
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            **super().summary(),
+            "prompt_tokens": self.prompt_tokens,
+            "reused_prefill_tokens": self.prompt_tokens - self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "kv_holds_refused": self.kv_holds_refused,
+            "wall_s": self.wall_s,
+        }
+
+
+@dataclass
+class RealAgentBenchResult:
+    concurrency: int
+    cache_tokens: int
+    tool_time_scale: float
+    systems: dict[str, RealAgentSystemResult] = field(default_factory=dict)
+    mismatches: dict[str, str] = field(default_factory=dict)  # system -> where its answers first differ
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "concurrency": self.concurrency,
+            "engine": "llamacpp",
+            "kv_cache_tokens": self.cache_tokens,
+            "tool_time_scale": self.tool_time_scale,
+            "answers_identical": not self.mismatches,
+            "mismatches": dict(self.mismatches),
+            "systems": {name: r.summary() for name, r in self.systems.items()},
+        }
+
+
+class CountingBackend:
+    """A backend that counts its model calls' prompt tokens with the engine's tokenizer."""
+
+    def __init__(self, inner: Backend, engine: LlamaCppEngine) -> None:
+        self._inner = inner
+        self._engine = engine
+        self.prompt_tokens = 0
+
+    async def model(self, prompt: str, max_tokens: int, *, background: bool = False) -> str:
+        self.prompt_tokens += self._engine.count_tokens(prompt)
+        return await self._inner.model(prompt, max_tokens, background=background)
+
+    async def tool(self, call: ToolCall, run: Callable[[], Awaitable[str]]) -> str:
+        return await self._inner.tool(call, run)
+
+    def waiting_on_tools(self, key: str, summarize: Summarize) -> None:
+        self._inner.waiting_on_tools(key, summarize)
+
+    async def compacted(self, key: str, summarize: Summarize) -> str:
+        return await self._inner.compacted(key, summarize)
+
+
+def cache_tokens(jobs: list[AgentJob], fraction: float = POOL_FRACTION) -> int:
+    """`fraction` of the jobs' mean contexts, in model tokens."""
+    return int(fraction * TOKENS_PER_WORD * sum(mean_context_tokens(j) for j in jobs))
+
+
+async def run_real_system(
+    system: str,
+    jobs: list[AgentJob],
+    *,
+    pool_tokens: int,
+    tool_time_scale: float,
+    n_threads: int,
+    max_sequences: int,
+) -> RealAgentSystemResult:
+    """One system on a fresh engine (cold caches), in real time."""
+    features = features_of(system)
+    pool_bytes = pool_tokens * STATE_BYTES_PER_TOKEN
+    engine = LlamaCppEngine(
+        n_ctx=N_CTX,
+        n_threads=n_threads,
+        max_sequences=max_sequences,
+        cache_bytes=pool_bytes,
+        hold_bytes=int(pool_bytes * HOLD_FRACTION),
+    )
+    agents = AgentRuntime(EngineSet().add(engine), features=features) if features is not None else None
+    counters: list[CountingBackend] = []
+
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(seconds * tool_time_scale)
+
+    async def one(job: AgentJob) -> tuple[float, AgentOutput, tuple[int, int, int, int]]:
+        await asyncio.sleep(job.start_s * tool_time_scale)
+        began = time.monotonic()
+        if agents is None:
+            backend = CountingBackend(PlainBackend(engine, job.id), engine)
+            counters.append(backend)
+            output = await run_agent(job, backend, sleep)
+            return time.monotonic() - began, output, (0, 0, 0, 0)
+        program = agents.program(job.id)
+        backend = CountingBackend(TeolaBackend(program, engine.name), engine)
+        counters.append(backend)
+        try:
+            output = await run_agent(job, backend, sleep)
+        finally:
+            program.finish()
+        s = program.stats
+        counts = (s.tool_cache_hits, s.kv_holds, s.kv_holds_refused, s.compactions_ahead)
+        return time.monotonic() - began, output, counts
+
+    started = time.monotonic()
+    try:
+        runs = await asyncio.gather(*(one(j) for j in jobs))
+    finally:
+        if agents is not None:
+            await agents.close()
+        await engine.close()
+    wall = time.monotonic() - started
+    st = engine.stats
+    prompt_tokens = sum(c.prompt_tokens for c in counters)
+    return RealAgentSystemResult(
+        jct_s=[r[0] for r in runs],
+        outputs=[r[1] for r in runs],
+        recomputed_prefill_tokens=st.recomputed_tokens,
+        prefill_tokens=st.computed_tokens,
+        prefix_hit_rate=1 - st.computed_tokens / prompt_tokens if prompt_tokens else 0.0,
+        tool_cache_hits=sum(r[2][0] for r in runs),
+        kv_holds=sum(r[2][1] for r in runs),
+        compactions_ahead=sum(r[2][3] for r in runs),
+        prompt_tokens=prompt_tokens,
+        decode_tokens=st.decode_tokens,
+        kv_holds_refused=sum(r[2][2] for r in runs),
+        wall_s=wall,
+    )
+
+
+def first_difference(reference: list[AgentOutput], outputs: list[AgentOutput], jobs: list[AgentJob]) -> str | None:
+    """Where `outputs` first answers differently than `reference` (None: identical)."""
+    for job, ref, out in zip(jobs, reference, outputs, strict=True):
+        for i, (a, b) in enumerate(zip(ref.answers, out.answers, strict=False)):
+            if a != b:
+                return f"{job.id} model call {i + 1}: {a!r} vs {b!r}"
+        if len(ref.answers) != len(out.answers):
+            return f"{job.id}: {len(ref.answers)} vs {len(out.answers)} model calls"
+    return None
+
+
+async def bench_agents_llamacpp(
+    *,
+    concurrency: int = 4,
+    seed: int = 0,
+    systems: tuple[str, ...] = SYSTEMS,
+    shape: Shape = SMALL_SHAPE,
+    tool_time_scale: float = TOOL_TIME_SCALE,
+    n_threads: int = 1,
+    max_sequences: int = MAX_SEQUENCES,
+    pool_fraction: float = POOL_FRACTION,
+) -> RealAgentBenchResult:
+    """Run every system, one after the other, on the same jobs; answers compared with the first's."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if tool_time_scale <= 0:
+        raise ValueError(f"tool_time_scale must be > 0, got {tool_time_scale}")
+    for name in systems:
+        features_of(name)  # unknown names fail before anything runs
+    jobs = make_jobs(concurrency, seed=seed, spread_s=SPREAD_S, shape=shape)
+    result = RealAgentBenchResult(concurrency, cache_tokens(jobs, pool_fraction), tool_time_scale)
+    for name in systems:
+        result.systems[name] = await run_real_system(
+            name,
+            jobs,
+            pool_tokens=result.cache_tokens,
+            tool_time_scale=tool_time_scale,
+            n_threads=n_threads,
+            max_sequences=max_sequences,
+        )
+    reference = result.systems[systems[0]].outputs
+    for name, r in result.systems.items():
+        where = first_difference(reference, r.outputs, jobs)
+        if where is not None:
+            result.mismatches[name] = where
+    return result
