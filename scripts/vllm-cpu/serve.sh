@@ -33,7 +33,7 @@ start=$(date +%s)
 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
   nohup "$VENV_DIR/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$MODEL_DIR" --served-model-name "$SERVED_MODEL_NAME" \
-  --host 127.0.0.1 --port "$PORT" --dtype bfloat16 \
+  --host 127.0.0.1 --port "$PORT" --dtype float32 \
   --enable-prefix-caching --max-model-len 2048 --enforce-eager \
   >"$LOG_FILE" 2>&1 &
 pid=$!
