@@ -22,6 +22,7 @@ and the process collector (`process_resident_memory_bytes`, ...).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -78,43 +79,15 @@ class ServerMetrics:
     def __init__(self, apps: Sequence[App]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.primitive_latency = Histogram(
-            "teola_primitive_latency_seconds",
-            "Primitive run time",
-            ["app", "kind"],
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.primitive_wait = Histogram(
-            "teola_primitive_wait_seconds",
-            "Primitive queueing time",
-            ["app", "kind"],
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
+        latency = partial(Histogram, registry=r, buckets=_LATENCY_BUCKETS)
+        self.primitive_latency = latency("teola_primitive_latency_seconds", "Primitive run time", ["app", "kind"])
+        self.primitive_wait = latency("teola_primitive_wait_seconds", "Primitive queueing time", ["app", "kind"])
         self.primitive_errors = Counter("teola_primitive_errors", "Failed primitives", ["app", "kind"], registry=r)
-        self.engine_latency = Histogram(
-            "teola_engine_latency_seconds",
-            "Engine primitive run time",
-            ["app", "engine"],
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.batch_size = Histogram(
-            "teola_engine_batch_size",
-            "Batch size primitives ran in",
-            ["app", "engine"],
-            registry=r,
-            buckets=_BATCH_BUCKETS,
-        )
+        self.engine_latency = latency("teola_engine_latency_seconds", "Engine primitive run time", ["app", "engine"])
+        sizes = partial(Histogram, registry=r, buckets=_BATCH_BUCKETS)
+        self.batch_size = sizes("teola_engine_batch_size", "Batch size primitives ran in", ["app", "engine"])
         self.requests = Counter("teola_requests", "Requests", ["model", "endpoint", "status"], registry=r)
-        self.request_latency = Histogram(
-            "teola_request_latency_seconds",
-            "Request latency",
-            ["model", "endpoint"],
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
+        self.request_latency = latency("teola_request_latency_seconds", "Request latency", ["model", "endpoint"])
         self.in_progress = Gauge("teola_requests_in_progress", "Requests running", ["model"], registry=r)
         r.register(_QueueCollector(apps))
         ProcessCollector(registry=r)
