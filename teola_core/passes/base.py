@@ -35,6 +35,13 @@ class PassContext:
             return None
         return profile.max_efficient_batch(op, self.tolerance)
 
+    def latency(self, engine: str | None, op: str, items: float) -> float | None:
+        """The engine's profiled latency for `op` on `items`, or None when it has no such profile."""
+        profile = self.profiles.get(engine or "")
+        if profile is None or op not in profile.curves:
+            return None
+        return profile.latency(op, items)
+
 
 class Pass(ABC):
     name: str = "pass"

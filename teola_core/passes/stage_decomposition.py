@@ -13,6 +13,13 @@ where the chain ends.
     embed/s1[16:32] -> ingest/s1 ├-> ingest/agg (barrier) -> ...
     embed/s2[32:]  -> ingest/s2 ┘
 
+Only where it pays: by the profiles, the stages pipelined into the item-wise consumers
+must finish before one batch followed by the consumers would, by more than the extra
+engine time the stages take (past the max efficient batch, k small batches still cost
+a little more than one big one, and under load other queries queue behind that extra
+time). With a cheap consumer, or none, one batch wins. Without a profile for the node
+or a consumer, it splits, as the paper does.
+
 Decisions: the last stage's slice is open-ended (`ItemSlice(start, None)`), so no item
 is lost when the run-time count exceeds the build-time `items`. A replicated consumer
 whose own max efficient batch is smaller than its stage is cut again (nested stages,
@@ -55,6 +62,8 @@ class StageDecomposition(Pass):
                 continue
             if not outputs_mergeable(node, {e.src_port for e in graph.data_out(node_id)}):
                 continue
+            if not _pays(graph, node, meb, ctx):
+                continue
             probe = ItemSlice(0, meb)
             if any(e.dst_port in caps.item_inputs and compose(e.select, probe) is None for e in graph.data_in(node_id)):
                 continue  # negative slices on its inputs: stage bounds cannot be stated
@@ -85,3 +94,38 @@ class StageDecomposition(Pass):
             f"into {n} stages{chain}{joined}"
         )
         return editor.freeze()
+
+
+def _pays(graph: Graph, node: Node, meb: int, ctx: PassContext) -> bool:
+    """Would the stages, pipelined into the item-wise consumers, finish sooner than one batch,
+    by more than the extra engine time they take?
+
+    One query alone, by the profiles: stage i of each consumer starts when stage i of the
+    node and stage i-1 of that consumer are done. Unknown latencies: True (split).
+    """
+    assert node.items is not None
+    consumers = {
+        e.dst: graph.nodes[e.dst]
+        for e in graph.data_out(node.id)
+        if graph.nodes[e.dst].items is not None and e.dst_port in graph.nodes[e.dst].caps.item_inputs
+    }
+
+    def cost(n: Node, items: int) -> float | None:
+        return ctx.latency(n.engine, n.kind.value, items)
+
+    whole = cost(node, node.items)
+    whole_after = [cost(c, node.items) for c in consumers.values()]
+    sizes = [min(meb, node.items - start) for start in range(0, node.items, meb)]
+    stages = [cost(node, size) for size in sizes]
+    stage_after = {cid: [cost(c, size) for size in sizes] for cid, c in consumers.items()}
+    if whole is None or None in whole_after or None in stages or any(None in v for v in stage_after.values()):
+        return True
+    one_batch = whole + max((x for x in whole_after if x is not None), default=0.0)
+    produced, finished = 0.0, dict.fromkeys(consumers, 0.0)
+    for i, stage in enumerate(stages):
+        produced += stage or 0.0
+        for cid, after in stage_after.items():
+            finished[cid] = max(produced, finished[cid]) + (after[i] or 0.0)
+    pipelined = max(finished.values(), default=produced)
+    extra_work = produced - whole  # engine time the stages cost beyond one batch: others queue behind it
+    return pipelined + extra_work <= one_batch  # a tie splits, as the paper does

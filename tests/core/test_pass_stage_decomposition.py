@@ -151,7 +151,7 @@ def _rerank_graph(items: int = 6, top_k: int = 3) -> Graph:
 
 
 def test_rerank_stages_keep_top_k_and_merge_by_top_k() -> None:
-    g = _rerank_graph()
+    g = _rerank_graph(items=8)  # two full stages cost what one batch does: a tie splits
     out = StageDecomposition().run(g, _ctx(reranker={"rerank": 4}))
     assert [n.id for n in out.nodes.values()] == [
         "input.q",
@@ -238,3 +238,19 @@ def test_compose_slices(outer: ItemSlice | None, inner: ItemSlice, expected: Ite
         values = list(range(12))
         once = outer.apply(values) if outer else values
         assert expected.apply(values) == inner.apply(once)
+
+
+def test_a_split_that_the_profiles_say_costs_more_is_not_made() -> None:
+    """Past meb the toy curve is linear, so stages of 4+2 cost 2 s against 1.5 s for one batch
+    of 6; a reranker has no item-wise consumer to overlap with: one batch it stays."""
+    g = _rerank_graph(items=6)
+    assert StageDecomposition().run(g, _ctx(reranker={"rerank": 4})) is g
+
+
+def test_a_consumer_worth_overlapping_makes_the_split_pay() -> None:
+    """embed 10 items at meb 4 (stages 1+1+1 s against 2.5 s whole: 0.5 s of extra work): with
+    a cheap ingest the split loses (4 + 0.5 s > 3.5 s); with a slow one it wins (6 + 0.5 < 7.5 s)."""
+    cheap = StageDecomposition().run(_indexing(), _ctx(embedder={"embed": 4}, vectordb={"ingest": 64}))
+    assert not any(n.id.startswith("embed/s") for n in cheap.nodes.values())
+    slow = StageDecomposition().run(_indexing(), _ctx(embedder={"embed": 4}, vectordb={"ingest": 2}))
+    assert {"embed/s0", "embed/s1", "embed/s2"} <= set(slow.nodes)
