@@ -36,24 +36,6 @@ def prompt(question: str) -> tuple[str, str]:
     return prefix, prefix + CONTEXT + "Answer:" + END
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
-    thread: robust to a busy machine; the engine's thread count must not change its texts)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
-    )
-
-    def complete(text: str, max_tokens: int, **kwargs) -> str:
-        llm.reset()
-        return llm.create_completion(text, max_tokens=max_tokens, temperature=0, **kwargs)["choices"][0]["text"]
-
-    yield complete
-    llm.close()
-
-
 @pytest.fixture
 def engine():
     e = LlamaCppEngine(chunk_tokens=32)

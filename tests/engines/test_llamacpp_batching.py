@@ -15,7 +15,7 @@ pytest.importorskip("llama_cpp")
 
 from engine_testkit import node, run
 
-from teola_adapters.llamacpp import LlamaCppEngine, default_model_path
+from teola_adapters.llamacpp import LlamaCppEngine
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
@@ -32,25 +32,6 @@ QUESTIONS = (
 
 def chat(question: str, system: str = "You are a helpful assistant.") -> str:
     return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def reference():
-    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
-    thread: robust to a busy machine; the engine's thread count must not change its texts)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
-    )
-
-    def complete(text: str, max_tokens: int, **kwargs) -> str:
-        llm.reset()
-        kwargs.setdefault("temperature", 0)
-        return llm.create_completion(text, max_tokens=max_tokens, **kwargs)["choices"][0]["text"]
-
-    yield complete
-    llm.close()
 
 
 @pytest.fixture

@@ -122,26 +122,6 @@ def test_a_consumed_prompt_is_evicted_first() -> None:
 
 
 # -- the engine ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def reference():
-    """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
-    thread: robust to a busy machine; the engine's thread count must not change its texts)."""
-    import llama_cpp
-
-    from teola_adapters.llamacpp import default_model_path
-
-    llm = llama_cpp.Llama(
-        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
-    )
-
-    def complete(text: str, max_tokens: int) -> str:
-        llm.reset()
-        return llm.create_completion(text, max_tokens=max_tokens, temperature=0)["choices"][0]["text"]
-
-    yield complete
-    llm.close()
-
-
 def _engine(clock: Clock, **options):
     from teola_adapters.llamacpp import LlamaCppEngine
 
