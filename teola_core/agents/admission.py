@@ -16,7 +16,7 @@ work-conserving: while no program is calling the model, the next one in line may
 one call, so a pool sized below the programs' contexts never leaves the engine idle.
 
     admission = ProgramAdmission(capacity_tokens=450_000)
-    admission.set_context("agent3", started=12.0, tokens=41_000)
+    admission.set_context("agent3", rank=3, tokens=41_000)
     await admission.enter("agent3")   # returns at once, or when older programs make room
     admission.leave("agent3")          # finished
 """
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from itertools import count
 
 
 @dataclass
 class _Entry:
-    order: tuple[float, int]
+    rank: int  # the program's order of start
     tokens: int
     admitted: bool = False  # its context fits among the older programs'
     waiting: bool = False  # in `call`, not yet let through
@@ -48,13 +47,13 @@ class ProgramAdmission:
             raise ValueError(f"admission overcommit must be positive, got {overcommit}")
         self.limit_tokens = capacity_tokens * overcommit
         self._entries: dict[str, _Entry] = {}
-        self._arrivals = count()
 
-    def set_context(self, program: str, *, started: float, tokens: int) -> None:
-        """The program's context is now `tokens` long (its next call's prompt and answer)."""
+    def set_context(self, program: str, *, rank: int, tokens: int) -> None:
+        """The program's context is now `tokens` long (its next call's prompt and answer);
+        `rank` orders programs by start (lower: older)."""
         entry = self._entries.get(program)
         if entry is None:
-            self._entries[program] = _Entry((started, next(self._arrivals)), tokens)
+            self._entries[program] = _Entry(rank, tokens)
         else:
             entry.tokens = tokens
         self._settle()
@@ -96,11 +95,11 @@ class ProgramAdmission:
 
     def admitted(self) -> list[str]:
         """Programs whose contexts fit, oldest first."""
-        return [name for name, e in sorted(self._entries.items(), key=lambda kv: kv[1].order) if e.admitted]
+        return [name for name, e in sorted(self._entries.items(), key=lambda kv: kv[1].rank) if e.admitted]
 
     def _settle(self) -> None:
         total, room = 0, True
-        ordered = sorted(self._entries.values(), key=lambda e: e.order)
+        ordered = sorted(self._entries.values(), key=lambda e: e.rank)
         for entry in ordered:
             total += entry.tokens
             room = room and (total <= self.limit_tokens or total == entry.tokens)  # the oldest always

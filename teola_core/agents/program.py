@@ -29,6 +29,7 @@ from teola_core.ir.node import ControlEdge, Node, Port
 from teola_core.ir.types import PortType
 
 if TYPE_CHECKING:
+    from teola_core.agents.admission import ProgramAdmission
     from teola_core.agents.runtime import AgentRuntime
 
 T = TypeVar("T")
@@ -121,7 +122,7 @@ class Program:
         out = b.llm(source, engine=engine, max_tokens=max_tokens, name="model", priority=priority, **sampling)
         b.output(text=out.text)
         graph = rt.optimize(b.build())
-        await self._admit(engine, prompt, max_tokens)
+        admitted = await self._admit(engine, prompt, max_tokens)
         began = rt.clock()
         self.stats.model_calls += 1
         try:
@@ -132,9 +133,8 @@ class Program:
                 arrival=priority,
             )
         finally:
-            admission = rt.admission(engine)
-            if admission is not None:
-                admission.done(self.id)  # a no-op for a call that did not pass admission
+            if admitted is not None:
+                admitted.done(self.id)
             ended = rt.clock()
             if not background:
                 self.attained_s += ended - began
@@ -258,21 +258,22 @@ class Program:
         if self.finished:
             raise RuntimeError(f"agent program {self.id!r} has finished")
 
-    async def _admit(self, engine: str, prompt: Any, max_tokens: int) -> None:
-        """Wait, if older programs' contexts fill the engine's KV pool (`ProgramAdmission`)."""
+    async def _admit(self, engine: str, prompt: Any, max_tokens: int) -> ProgramAdmission | None:
+        """Wait, if older programs' contexts fill the engine's KV pool (`ProgramAdmission`).
+        Returns the admission the call entered (it must be told when the call is `done`)."""
         rt = self.runtime
         admission = rt.admission(engine)
         tokens = rt.count_tokens(engine, prompt) if admission is not None else None
         if admission is None or tokens is None:
-            return
-        admission.set_context(self.id, started=self.started, tokens=tokens + max_tokens)
-        if admission.may_call(self.id):
-            await admission.call(self.id)
-            return
-        self.stats.admission_waits += 1
+            return None
+        admission.set_context(self.id, rank=self.rank, tokens=tokens + max_tokens)
+        waits = not admission.may_call(self.id)
         began = rt.clock()
         await admission.call(self.id)
-        self.stats.admission_wait_s += rt.clock() - began
+        if waits:
+            self.stats.admission_waits += 1
+            self.stats.admission_wait_s += rt.clock() - began
+        return admission
 
     def _hold_for(self, tool: str) -> None:
         """Hold the last call's KV on its engine for the tool's time to live."""

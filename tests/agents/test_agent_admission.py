@@ -16,10 +16,10 @@ from teola_core.engines.protocol import EngineSet
 
 def test_the_oldest_programs_whose_contexts_fit_are_admitted() -> None:
     admission = ProgramAdmission(100)
-    admission.set_context("young", started=2.0, tokens=30)
-    admission.set_context("old", started=1.0, tokens=60)
+    admission.set_context("young", rank=2, tokens=30)
+    admission.set_context("old", rank=1, tokens=60)
     assert admission.admitted() == ["old", "young"]
-    admission.set_context("older", started=0.5, tokens=30)  # counts from its first call on
+    admission.set_context("older", rank=0, tokens=30)  # counts from its first call on
     assert admission.admitted() == ["older", "old"]  # 30 + 60 fit, + 30 does not
     assert not admission.may_call("young")
     admission.leave("old")
@@ -28,10 +28,10 @@ def test_the_oldest_programs_whose_contexts_fit_are_admitted() -> None:
 
 def test_the_oldest_program_is_admitted_even_alone_too_large() -> None:
     admission = ProgramAdmission(100, overcommit=1.5)
-    admission.set_context("big", started=0.0, tokens=500)
-    admission.set_context("small", started=1.0, tokens=1)
+    admission.set_context("big", rank=0, tokens=500)
+    admission.set_context("small", rank=1, tokens=1)
     assert admission.admitted() == ["big"]
-    admission.set_context("big", started=0.0, tokens=140)  # compaction shrank it
+    admission.set_context("big", rank=0, tokens=140)  # compaction shrank it
     assert admission.admitted() == ["big", "small"]  # 141 <= 150
     with pytest.raises(ValueError, match="overcommit"):
         ProgramAdmission(100, overcommit=0)
@@ -41,13 +41,13 @@ def test_the_oldest_program_is_admitted_even_alone_too_large() -> None:
 
 async def test_a_waiting_program_goes_when_an_older_one_leaves_and_growth_suspends_at_the_next_call() -> None:
     admission = ProgramAdmission(100)
-    admission.set_context("a", started=0.0, tokens=50)
-    admission.set_context("b", started=1.0, tokens=50)
+    admission.set_context("a", rank=0, tokens=50)
+    admission.set_context("b", rank=1, tokens=50)
     await admission.call("a")
     await admission.call("b")  # both fit
-    admission.set_context("a", started=0.0, tokens=80)  # a's context grew: b no longer fits...
+    admission.set_context("a", rank=0, tokens=80)  # a's context grew: b no longer fits...
     admission.done("b")  # ...but b's call under way was never interrupted
-    admission.set_context("b", started=1.0, tokens=50)
+    admission.set_context("b", rank=1, tokens=50)
     waiting = asyncio.ensure_future(admission.call("b"))
     await asyncio.sleep(0)
     assert not waiting.done()  # a is calling, so the engine is not idle: b waits
@@ -59,7 +59,7 @@ async def test_a_waiting_program_goes_when_an_older_one_leaves_and_growth_suspen
 async def test_while_nobody_calls_the_next_in_line_may_one_at_a_time() -> None:
     admission = ProgramAdmission(10)
     for i, name in enumerate("abc"):
-        admission.set_context(name, started=float(i), tokens=10)
+        admission.set_context(name, rank=i, tokens=10)
     assert admission.admitted() == ["a"]  # a waits on a tool: not calling
     b = asyncio.ensure_future(admission.call("b"))
     c = asyncio.ensure_future(admission.call("c"))
@@ -73,7 +73,7 @@ async def test_while_nobody_calls_the_next_in_line_may_one_at_a_time() -> None:
 async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
     admission = ProgramAdmission(10)
     for i, name in enumerate("abc"):
-        admission.set_context(name, started=float(i), tokens=10)
+        admission.set_context(name, rank=i, tokens=10)
     await admission.call("a")
     b = asyncio.ensure_future(admission.call("b"))
     c = asyncio.ensure_future(admission.call("c"))
