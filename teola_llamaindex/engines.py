@@ -9,17 +9,24 @@ query that uses it shares one engine scheduler; that is what lets calls batch.
   `LLMCompleteComponent` calls, giving the `CompletionResponse`; "predict" the same call
   giving its `.text`, what `LLM.apredict` computes for a completion model without an
   output parser; "chat" `llm.achat(messages)` giving `.message.content or ""`, what
-  `apredict` computes for a chat model.
+  `apredict` computes for a chat model. `formatted` (default True) is passed on: False
+  for callers that hand the LLM a raw prompt (`QueryFusionRetriever`'s `llm.complete`).
+  A pipelined decode streams `llm.astream_complete(prompt, formatted=...)`'s deltas.
 - `OpenAICompatibleLLMEngine`: the same for an `OpenAILike` / `OpenAI` client (see
   `openai_compat`): decode is still the user's object, and a partial prefill also warms
   the ready prefix in the server's prefix cache through Teola's `VLLMHTTPEngine`.
 - `LlamaIndexEmbeddingEngine`: EMBED over query bundles: the query embedding exactly as
   `VectorIndexRetriever._aretrieve` computes it
   (`embed_model.aget_agg_embedding_from_queries(bundle.embedding_strs)`), or the
-  bundle's own embedding, or None where the retriever would not embed.
+  bundle's own embedding, or None where the retriever would not embed. With the node's
+  `embedded_queries` config each output item is the query itself with its embedding,
+  `QueryBundle(query_str, embedding=vector)` (LlamaIndex's embedded query), so a SEARCH
+  split per item needs no second, aligned input.
 - `LlamaIndexRetrieverEngine`: SEARCH: `retriever.aretrieve(QueryBundle(query_str,
   embedding=vector))`; with the embedding given, the retriever runs only its search
-  and node lookup, so EMBED + SEARCH equals `retriever.aretrieve(query)`.
+  and node lookup, so EMBED + SEARCH equals `retriever.aretrieve(query)`. The bundles
+  come from the `index` input aligned with `vectors`, or, with `embedded_queries`, are
+  the `vectors` items themselves (the `index` input is then the retriever).
 - `LlamaIndexRerankEngine`: RERANK with a node postprocessor (see `rerank`).
 
 Models are always called through their async API (as the LangChain adapter does);
@@ -36,7 +43,7 @@ until another query's answer decode ended). Only engines with a proven joint cal
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -70,8 +77,17 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
         api = call.node.config.get("api", "complete")
         if api == "chat":
             return (await self.llm.achat(prompt)).message.content or ""
-        response = await self.llm.acomplete(prompt, formatted=True)
+        response = await self.llm.acomplete(prompt, formatted=call.node.config.get("formatted", True))
         return response.text if api == "predict" else response
+
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        """A pipelined decode's text deltas (completion API only: see the module docstring)."""
+        api = call.node.config.get("api", "complete")
+        if api != "predict":
+            raise TypeError(f"{call.node.describe()}: only text decodes (api 'predict') stream, not {api!r}")
+        formatted = call.node.config.get("formatted", True)
+        async for response in await self.llm.astream_complete(self.prompt_of(call), formatted=formatted):
+            yield response.delta or ""
 
 
 class LlamaIndexEmbeddingEngine(PerCallEngine):
@@ -86,7 +102,15 @@ class LlamaIndexEmbeddingEngine(PerCallEngine):
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         needed = call.node.config["needs_embedding"]
-        return {"vectors": [await self._vector(b, needed) for b in call.inputs["texts"]]}
+        bundles = call.inputs["texts"]
+        vectors = [await self._vector(b, needed) for b in bundles]
+        if call.node.config.get("embedded_queries", False):
+            return {
+                "vectors": [
+                    QueryBundle(query_str=b.query_str, embedding=v) for b, v in zip(bundles, vectors, strict=True)
+                ]
+            }
+        return {"vectors": vectors}
 
     async def _vector(self, bundle: QueryBundle, needed: bool) -> Any:
         if needed and bundle.embedding is None and len(bundle.embedding_strs) > 0:
@@ -105,12 +129,12 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
         self.retriever = retriever
 
     async def run_call(self, call: Call) -> dict[str, Any]:
-        bundles, vectors = call.inputs["index"], call.inputs["vectors"]
-        hits = [
-            await self.retriever.aretrieve(QueryBundle(query_str=b.query_str, embedding=v))
-            for b, v in zip(bundles, vectors, strict=True)
-        ]
-        return {"hits": hits}
+        if call.node.config.get("embedded_queries", False):
+            queries = list(call.inputs["vectors"])
+        else:
+            bundles, vectors = call.inputs["index"], call.inputs["vectors"]
+            queries = [QueryBundle(query_str=b.query_str, embedding=v) for b, v in zip(bundles, vectors, strict=True)]
+        return {"hits": [await self.retriever.aretrieve(q) for q in queries]}
 
 
 class EngineRegistry:

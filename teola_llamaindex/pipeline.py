@@ -22,7 +22,8 @@ What QueryPipeline computes (its `_run_multi`/`_arun_multi`), and how it is trac
   user's LLM; `PromptComponent` over a plain `PromptTemplate` -> FORMAT with its
   literal/variable segments (so prefill split can prefill a ready prefix), rendered
   with LlamaIndex's own `SafeFormatter` rules; `RetrieverComponent` over a
-  `VectorIndexRetriever` -> EMBED + SEARCH (`retrieval`); `PostprocessorComponent` over
+  `VectorIndexRetriever` -> EMBED + SEARCH, over a `QueryFusionRetriever` -> query
+  generation, per-query EMBED + SEARCH and fusion (`retrievers`); `PostprocessorComponent` over
   a reranking postprocessor -> RERANK (`rerank`); `SynthesizerComponent` over a compact,
   simple_summarize or refine synthesizer -> plan + FORMAT + LLM, or the whole synthesizer
   where that one call is needed (`synthesis`; its `query_str` reaches the FORMAT as soon
@@ -86,7 +87,7 @@ from teola_llamaindex.formatting import segments_of
 from teola_llamaindex.openai_compat import warmup_notes
 from teola_llamaindex.optimizing import optimize_graph
 from teola_llamaindex.rerank import reranks, trace_rerank
-from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.retrievers import trace_retriever, traceable
 from teola_llamaindex.synthesis import max_tokens_hint, trace_synthesis, why_opaque
 
 # Components whose run is cheap and pure: run inline, the same for sync and async calls.
@@ -315,10 +316,10 @@ def _trace_module(
                 lambda: b.call(_synthesize(synthesizer), {"validated": validated, "ctx": ctx}, name="run"),
             )
             return b.call(_finish(component, "output"), {"value": response}, name="outputs", inline=True)
-        if isinstance(component, RetrieverComponent) and decomposable(component.retriever):
+        if isinstance(component, RetrieverComponent) and traceable(component.retriever):
             validated = b.call(_validate(component), {"kwargs": kwargs}, name="validate", inline=True)
             query = b.call(_pick("input"), {"validated": validated}, name="query", inline=True)
-            nodes = trace_retrieval(b, engines, component.retriever, query, ctx)
+            nodes = trace_retriever(b, engines, component.retriever, query, ctx)
             return b.call(_finish(component, "output"), {"value": nodes}, name="outputs", inline=True)
     if isinstance(component, _INLINE):
         return b.call(_run_inline(component), {"kwargs": kwargs}, name="run", inline=True)

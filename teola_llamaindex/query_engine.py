@@ -6,7 +6,9 @@
 
 `RetrieverQueryEngine._query` is retrieve -> node postprocessors, in order -> response
 synthesizer. Traced: the retriever as EMBED + SEARCH when it is a
-`VectorIndexRetriever` (see `retrieval`; any other retriever is one call); each
+`VectorIndexRetriever`, as query generation + per-query EMBED + SEARCH + fusion when it
+is a `QueryFusionRetriever` over those (see `retrievers`; any other retriever is one
+call); each
 reranking postprocessor as a RERANK primitive on its own engine and each local filter
 as one call (see `rerank`: `postprocess_nodes(nodes, query_bundle=...)`, or
 `apostprocess_nodes` in async queries); the synthesizer as plan + FORMAT + LLM
@@ -38,7 +40,7 @@ from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.openai_compat import warmup_notes
 from teola_llamaindex.optimizing import optimize_graph
 from teola_llamaindex.rerank import reranks, trace_rerank
-from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.retrievers import trace_retriever, traceable
 from teola_llamaindex.synthesis import trace_synthesis, why_opaque
 
 
@@ -51,8 +53,8 @@ def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry) ->
     query = b.input("query")
     retriever = engine.retriever
     with b.module(f"retriever:{type(retriever).__name__}"):
-        if decomposable(retriever):
-            nodes = trace_retrieval(b, engines, retriever, query, ctx)
+        if traceable(retriever):
+            nodes = trace_retriever(b, engines, retriever, query, ctx)
         else:
             nodes = b.call(_retrieve(retriever), {"query": query, "ctx": ctx}, name="retrieve")
     for i, postprocessor in enumerate(engine._node_postprocessors):

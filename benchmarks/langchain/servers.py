@@ -70,7 +70,7 @@ from teola_core.ir.types import PortType
 Batching = Literal["request", "dynamic"]
 BATCHING_MODES: tuple[str, ...] = ("request", "dynamic")
 
-_QUERIES = re.compile(r"Write (\d+) (?:\w+ )*?(?:search )?queries, one per line")
+_QUERIES = re.compile(r"(?:Write|Generate) (\d+) (?:\w+ )*?(?:search )?queries, one (?:per|on each) line")
 _LENGTH = re.compile(r"in about (\d+) words")
 
 
@@ -78,8 +78,9 @@ _LENGTH = re.compile(r"in about (\d+) words")
 class ExampleResponder:
     """What the simulated model writes: a deterministic function of the prompt.
 
-    It follows the examples' instructions: "Write N ... queries, one per line" gives N
-    lines of `query_tokens` words; "in about N words" gives N words; anything else
+    It follows the examples' instructions: "Write N ... queries, one per line" (or
+    LlamaIndex's `QueryFusionRetriever` prompt, "Generate N search queries, one on each
+    line") gives N lines of `query_tokens` words; "in about N words" gives N words; anything else
     `answer_tokens` words. Words come from the synthetic corpus' vocabulary, so
     generated queries retrieve something.
     """

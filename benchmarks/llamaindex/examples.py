@@ -2,7 +2,9 @@
 
 multi_query_rag: query expansion (the LLM writes `n_queries` search queries, one per
 line) -> one retriever per query, each fed its line -> merge (unique nodes, first
-occurrence wins) -> answer prompt -> LLM. naive_rag: retrieve -> answer prompt -> LLM.
+occurrence wins) -> answer prompt -> LLM. fusion_rag: the same done the LlamaIndex
+way, a `QueryFusionRetriever` (the question and 3 generated queries, reciprocal-rank
+fused) -> answer prompt -> LLM. naive_rag: retrieve -> answer prompt -> LLM.
 The prompts follow the simulated servers' `ExampleResponder` instructions.
 """
 
@@ -13,10 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.query_pipeline import FnComponent, InputComponent, QueryPipeline
+from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from teola_benchmarks.workloads.common import make_chunks, make_question
@@ -105,12 +109,24 @@ def multi_query_rag(llm: LLM, index: VectorStoreIndex, n_queries: int = 4) -> Qu
     return p
 
 
-def naive_rag(llm: LLM, index: VectorStoreIndex) -> QueryPipeline:
+def fusion_rag(llm: LLM, index: VectorStoreIndex, n_queries: int = 4) -> QueryPipeline:
+    """`naive_rag` over a `QueryFusionRetriever` (LlamaIndex's multi-query retriever)."""
+    fusion = QueryFusionRetriever(
+        [index.as_retriever(similarity_top_k=TOP_K)],
+        llm=llm,
+        num_queries=n_queries,
+        similarity_top_k=TOP_K,
+        mode="reciprocal_rerank",
+    )
+    return naive_rag(llm, index, retriever=fusion)
+
+
+def naive_rag(llm: LLM, index: VectorStoreIndex, retriever: BaseRetriever | None = None) -> QueryPipeline:
     p = QueryPipeline()
     p.add_modules(
         {
             "input": InputComponent(),
-            "retrieve": index.as_retriever(similarity_top_k=TOP_K),
+            "retrieve": retriever or index.as_retriever(similarity_top_k=TOP_K),
             "merge": merger(1),
             "answer": PromptTemplate(ANSWER),
             "answer_llm": llm,
@@ -126,5 +142,6 @@ def naive_rag(llm: LLM, index: VectorStoreIndex) -> QueryPipeline:
 
 EXAMPLES: dict[str, Callable[[LLM, VectorStoreIndex], QueryPipeline]] = {
     "multi_query_rag": multi_query_rag,
+    "fusion_rag": fusion_rag,
     "naive_rag": naive_rag,
 }

@@ -12,7 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
+from llama_index.core.llms import (
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    CustomLLM,
+    LLMMetadata,
+)
 from openai import AsyncOpenAI, OpenAI
 from pydantic import PrivateAttr
 
@@ -46,7 +52,23 @@ class ServerLLM(CustomLLM):
         return CompletionResponse(text=reply.choices[0].text)
 
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        raise NotImplementedError("the benchmark pipelines do not stream")
+        text = ""
+        for chunk in self._client.completions.create(**self._args(prompt), stream=True):
+            delta = chunk.choices[0].text if chunk.choices else ""
+            text += delta
+            yield CompletionResponse(text=text, delta=delta)
+
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        stream = await self._aclient.completions.create(**self._args(prompt), stream=True)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            text = ""
+            async for chunk in stream:
+                delta = chunk.choices[0].text if chunk.choices else ""
+                text += delta
+                yield CompletionResponse(text=text, delta=delta)
+
+        return gen()
 
 
 class ServerEmbedding(BaseEmbedding):

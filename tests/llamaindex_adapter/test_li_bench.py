@@ -56,3 +56,11 @@ def test_cli_llamaindex_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["example"] == "naive_rag" and set(out["systems"]) == {"llamaindex", "teola"}
+
+
+def test_bench_fusion_rag_answers_agree_with_the_generation_streamed() -> None:
+    result = bench_llamaindex("fusion_rag", queries=3, concurrency=2, time_scale=0.05)
+    out = result.to_json()
+    assert out["example"] == "fusion_rag" and set(out["systems"]) == {"llamaindex", "teola"}
+    # each query: one generation and one answer per system, plus the two warm-ups' own
+    assert out["server"]["requests"]["completions"] == 2 * 2 * (3 + 1)

@@ -1,0 +1,216 @@
+"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives.
+
+What `QueryFusionRetriever.(a)retrieve(q)` computes (llama-index-core 0.12 and 0.14):
+the queries are `[q]` plus what its LLM writes for
+`query_gen_prompt.format(num_queries=num_queries - 1, query=q.query_str)` (`llm.complete`,
+the text stripped of backticks, split into lines, each stripped, empty ones dropped,
+the first `num_queries - 1` kept); each query goes to each of its retrievers; the
+results, keyed `(query_str, retriever index)` in that order, are fused by `mode` and
+cut to `similarity_top_k`; then `BaseRetriever`'s recursive-retrieval step runs.
+
+Traced as: the prompt (inline), the LLM call as PREFILL + DECODE whose items are split
+by `FusionQueries` (that same parse, incrementally), so decode pipelining hands each
+generated query to its retrievals while the model writes the next one; the original
+query's retrievals start at once; each (query, retriever) pair is EMBED + SEARCH on the
+retriever's engines (`retrieval`), batched with concurrent queries'; one call builds
+the results dict in the original order and fuses it with the retriever's own fusion
+method and recursive step. The answer is the retriever's own.
+
+Traced only when every sub-retriever is exactly a `VectorIndexRetriever` (so its
+retrieval splits into EMBED + SEARCH), the retriever is not `verbose` (it prints from
+inside retrieval), and not for `use_async=False` with several retrievers: that sync
+path retrieves one after another on a shared bundle, and the first retriever's
+embedding, stored on it, is reused by the others. Anything else runs as one call.
+
+The LLM is called through its async API (`acomplete`, or `astream_complete` when the
+decode is pipelined), as every Teola LlamaIndex engine calls models. Note that 0.12's
+`aretrieve` calls the sync `complete` from the event loop, which stalls every other
+coroutine of the process for the whole generation; Teola's path does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from llama_index.core.retrievers.fusion_retriever import FUSION_MODES, QueryFusionRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from teola_core.ir.builder import GraphBuilder, Value
+from teola_core.ir.split_units import ItemParser, SplitUnit
+from teola_llamaindex.common import QueryContext
+from teola_llamaindex.engines import EngineRegistry, needs_embedding
+from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.synthesis import max_tokens_hint
+
+
+class FusionQueries(SplitUnit):
+    """The generated queries, parsed as `QueryFusionRetriever._get_queries` does, as bundles."""
+
+    name = "fusion-queries"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def parse(self, text: str) -> list[QueryBundle]:
+        lines = [q.strip() for q in text.strip("`").split("\n") if q.strip()]
+        return [QueryBundle(q) for q in lines[: self.limit]]
+
+    def parser(self) -> ItemParser:
+        return _FusionQueriesParser(self.limit)
+
+    def __repr__(self) -> str:
+        return f"FusionQueries(limit={self.limit})"
+
+
+class _FusionQueriesParser(ItemParser):
+    """Complete lines are final, except that the text's ends lose their backticks.
+
+    `text.strip("`")` touches only the first line's start and the last line's end, so
+    a complete first line loses its leading backticks here and the rest at `close`
+    loses its trailing ones; every other line is the library's line as is.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending = ""
+        self._first = True
+        self._emitted = 0
+
+    def feed(self, delta: str) -> list[Any]:
+        self._pending += delta
+        *complete, self._pending = self._pending.split("\n")
+        return self._take(complete)
+
+    def close(self) -> list[Any]:
+        rest, self._pending = self._pending.rstrip("`"), ""
+        return self._take([rest])
+
+    def _take(self, lines: list[str]) -> list[QueryBundle]:
+        out = []
+        for line in lines:
+            if self._first:
+                line, self._first = line.lstrip("`"), False
+            query = line.strip()
+            if query and self._emitted < self._limit:
+                out.append(QueryBundle(query))
+                self._emitted += 1
+        return out
+
+
+def why_not_traced(retriever: QueryFusionRetriever) -> str | None:
+    """Why this fusion retriever runs as one call (see the module docstring), or None."""
+    if not all(decomposable(r) for r in retriever._retrievers):
+        return "a sub-retriever is not a VectorIndexRetriever"
+    if retriever._verbose:
+        return "verbose (it prints from inside retrieval)"
+    if not retriever.use_async and len(retriever._retrievers) > 1:
+        return "use_async=False with several retrievers (they share one bundle's embedding)"
+    return None
+
+
+def trace_fusion(
+    b: GraphBuilder, engines: EngineRegistry, fusion: QueryFusionRetriever, query: Value, ctx: Value
+) -> Value:
+    """The primitives of `fusion.(a)retrieve(query)`; returns the nodes' Value."""
+    bundle = b.call(_as_bundle, {"query": query}, name="bundle", inline=True)
+    # The sub-retrievals go through aretrieve when use_async is set, even in a sync call.
+    sub_ctx = b.call(_sub_context(fusion.use_async), {"ctx": ctx}, name="sub_context", inline=True)
+    hits: dict[str, Value] = {
+        f"original_{i}": trace_retrieval(b, engines, r, bundle, sub_ctx) for i, r in enumerate(fusion._retrievers)
+    }
+    inputs: dict[str, Value] = {"query": bundle, "ctx": ctx}
+    generated = fusion.num_queries - 1
+    if generated > 0:
+        prompt = b.call(_prompt(fusion.query_gen_prompt, generated), {"query": bundle}, name="prompt", inline=True)
+        out = b.llm(
+            prompt,
+            engine=engines.llm(fusion._llm),
+            max_tokens=max_tokens_hint(fusion._llm),
+            split_unit=FusionQueries(generated),
+            expected_items=generated,
+            name="generate_queries",
+            api="predict",
+            formatted=False,
+        )
+        assert out.items is not None
+        inputs["queries"] = out.items
+        for i, r in enumerate(fusion._retrievers):
+            vectors = b.embed(
+                out.items,
+                engine=engines.embedding(r._embed_model),
+                items=generated,
+                needs_embedding=needs_embedding(r),
+                embedded_queries=True,
+            )
+            index = b.call(_constant(r), {}, name="retriever", inline=True)
+            hits[f"generated_{i}"] = b.search(
+                vectors,
+                index,
+                engine=engines.retriever(r),
+                top_k=r.similarity_top_k,
+                items=generated,
+                embedded_queries=True,
+            )
+    return b.call(_fuse(fusion), {**inputs, **hits}, name="fuse")
+
+
+def _as_bundle(query: Any) -> QueryBundle:
+    """`retrieve(str)` wraps a string as `BaseRetriever.retrieve` does."""
+    return QueryBundle(query) if isinstance(query, str) else query
+
+
+def _sub_context(use_async: bool) -> Callable[[QueryContext], QueryContext]:
+    def sub(ctx: QueryContext) -> QueryContext:
+        return QueryContext(sync=ctx.sync and not use_async)
+
+    return sub
+
+
+def _prompt(template: str, generated: int) -> Callable[[QueryBundle], str]:
+    def prompt(query: QueryBundle) -> str:
+        return template.format(num_queries=generated, query=query.query_str)
+
+    return prompt
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    def constant() -> Any:
+        return value
+
+    return constant
+
+
+def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
+    n = len(fusion._retrievers)
+
+    async def fuse(
+        query: QueryBundle, ctx: QueryContext, queries: list[QueryBundle] | None = None, **hits: Any
+    ) -> list[NodeWithScore]:
+        results: dict[tuple[str, int], list[NodeWithScore]] = {}
+        for i in range(n):
+            results[(query.query_str, i)] = hits[f"original_{i}"]
+        for j, q in enumerate(queries or ()):
+            for i in range(n):
+                results[(q.query_str, i)] = hits[f"generated_{i}"][j]
+        nodes = fused(fusion, results)
+        if ctx.sync:
+            return await asyncio.to_thread(fusion._handle_recursive_retrieval, query, nodes)
+        return await fusion._ahandle_recursive_retrieval(query, nodes)
+
+    return fuse
+
+
+def fused(fusion: QueryFusionRetriever, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
+    """The end of `QueryFusionRetriever._retrieve`: fuse by mode, keep the top k."""
+    top_k = fusion.similarity_top_k
+    if fusion.mode == FUSION_MODES.RECIPROCAL_RANK:
+        return fusion._reciprocal_rerank_fusion(results)[:top_k]
+    if fusion.mode == FUSION_MODES.RELATIVE_SCORE:
+        return fusion._relative_score_fusion(results)[:top_k]
+    if fusion.mode == FUSION_MODES.DIST_BASED_SCORE:
+        return fusion._relative_score_fusion(results, dist_based=True)[:top_k]
+    if fusion.mode == FUSION_MODES.SIMPLE:
+        return fusion._simple_fusion(results)[:top_k]
+    raise ValueError(f"Invalid fusion mode: {fusion.mode}")
