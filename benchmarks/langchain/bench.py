@@ -9,9 +9,11 @@ the same inputs for every system, run one system after the other:
   latency is its batch call's, which is when the caller gets it);
 - `teola`: `teola.optimize(chain, **example options)`, driven like `langchain`.
 
-Before each system the servers' prefix cache is emptied and one warm-up query (not
-among the measured ones) runs, so no system profits from another's cache or
-connections. Every system's answers must equal LangChain's (else `AnswerMismatch`).
+Before each system one warm-up query (not among the measured ones) runs alone, then
+the servers' prefix cache is emptied, so no system profits from another's cache or
+connections. The warm-up's latency is reported as `alone_s` (in `server`): one query
+with the servers to itself, the floor of what the closed loop's mean can reach. Every
+system's answers must equal LangChain's (else `AnswerMismatch`).
 
 Overhead mode: the same chain on zero-latency in-process fakes (`fakes.py`),
 `optimize(chain).invoke` against `chain.invoke`, sequentially, alternating rounds.
@@ -72,12 +74,19 @@ def bench_langchain(
         chain = module.build_chain(llm, embeddings, corpus=corpus(), reranker=HTTPReranker(servers.base_url))
         fast = teola.optimize(chain, **{**module.OPTIMIZE_OPTIONS, **(options or {})})
         try:
-            latencies, answers = asyncio.run(_measure(chain, fast, warmup, measured, concurrency, servers.root_url))
+            latencies, answers, alone = asyncio.run(
+                _measure(chain, fast, warmup, measured, concurrency, servers.root_url)
+            )
         finally:
             fast.close()
     b = servers.backend
     _check_equal(example, measured, answers)
-    server = {"requests": dict(b.requests), "embed_batches": len(b.embed_batch_sizes), "llm_steps": b.llm.stats.steps}
+    server = {
+        "requests": dict(b.requests),
+        "embed_batches": len(b.embed_batch_sizes),
+        "llm_steps": b.llm.stats.steps,
+        "alone_s": alone,
+    }
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
@@ -88,9 +97,10 @@ async def _measure(
     inputs: Sequence[Any],
     concurrency: int,
     root_url: str,
-) -> tuple[dict[str, list[float]], dict[str, list[Any]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
     latencies: dict[str, list[float]] = {}
     answers: dict[str, list[Any]] = {}
+    alone: dict[str, float] = {}
     runs: dict[str, Callable[[], Awaitable[tuple[list[float], list[Any]]]]] = {
         "langchain": lambda: _closed_loop(chain, inputs, concurrency),
         "langchain_abatch": lambda: _batches(chain, inputs, concurrency),
@@ -98,10 +108,12 @@ async def _measure(
     }
     async with httpx.AsyncClient() as admin:
         for name, run in runs.items():
+            began = time.perf_counter()
             await (fast if name == "teola" else chain).ainvoke(warmup)
+            alone[name] = time.perf_counter() - began
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
             latencies[name], answers[name] = await run()
-    return latencies, answers
+    return latencies, answers, alone
 
 
 async def _closed_loop(

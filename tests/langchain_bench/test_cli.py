@@ -32,6 +32,7 @@ def test_langchain_bench_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         assert all(v > 0 for v in stats.values())
     assert set(out["speedup_vs"]) == {"langchain", "langchain_abatch"}
     assert (out["queries"], out["concurrency"], out["time_scale"]) == (3, 2, 0.01)
+    assert set(out["server"]["alone_s"]) == set(SYSTEMS)  # each system's one query alone: its mean's floor
 
 
 def test_langchain_overhead_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
