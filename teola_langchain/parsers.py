@@ -13,15 +13,17 @@ it emitted is a prefix of `parse(full text)`. How each one knows an item is fina
 
 - `NumberedListOutputParser`, `MarkdownListOutputParser`: their patterns match within
   one line (`[^\\n]+`), so matches that end before the last newline seen are final.
-- `LineListOutputParser` (Teola's, below; the multi-query retriever's line parser):
-  a line is final once a later line holds a non-blank character (the parser strips the
-  whole text, so trailing blank lines may still vanish).
+- `LineListOutputParser` (Teola's, below, and langchain-classic's, the multi-query
+  retriever's, whose `parse` is the same code): a line is final once a later line holds
+  a non-blank character (the parser strips the whole text, so trailing blank lines may
+  still vanish).
 - `CommaSeparatedListOutputParser`, `JsonOutputParser`: a later character can change
   earlier items (csv quoting, its fallback on a csv error; markdown-fenced or partial
   JSON), so their items are emitted at the end of the text only. Correct, not
   pipelined; a provably exact streaming parser for them is future work.
 
-Parsers are recognised by exact class (a subclass may override `parse`).
+Parsers are recognised by exact class (a subclass may override `parse`);
+langchain-classic's by qualified name, for the versions read (`multi_query.is_classic`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from langchain_core.outputs import ChatGeneration, Generation
 
 from teola_core.ir.split_units import ItemParser, SplitUnit
 from teola_langchain.classes import class_of
+from teola_langchain.multi_query import LINE_LIST_PARSER, is_classic
 
 
 class LineListOutputParser(BaseOutputParser[list[str]]):
@@ -69,14 +72,19 @@ _LIST_PARSERS: tuple[type[BaseOutputParser[Any]], ...] = (
 _RECOGNISED: tuple[type[BaseOutputParser[Any]], ...] = (StrOutputParser, JsonOutputParser, *_LIST_PARSERS)
 
 
+def is_line_list(step: object) -> bool:
+    """Teola's `LineListOutputParser` or langchain-classic's (the same `parse`)."""
+    return class_of(step) is LineListOutputParser or is_classic(step, LINE_LIST_PARSER)
+
+
 def is_recognised(step: object) -> bool:
     """A parser whose result Teola can compute inline, exactly."""
-    return class_of(step) in _RECOGNISED
+    return class_of(step) in _RECOGNISED or is_line_list(step)
 
 
 def returns_list(parser: BaseOutputParser[Any]) -> bool:
     """Its result is always a list (so the decode's items *are* the parser's value)."""
-    return class_of(parser) in _LIST_PARSERS
+    return class_of(parser) in _LIST_PARSERS or is_line_list(parser)
 
 
 def parse_output(parser: BaseOutputParser[Any], output: Any) -> Any:
@@ -109,7 +117,7 @@ class ParserItems(SplitUnit):
 
     def parser(self) -> ItemParser:
         kind = class_of(self.output_parser)
-        if kind is LineListOutputParser:
+        if is_line_list(self.output_parser):
             return _StableItems(self, _final_lines)
         if kind in (NumberedListOutputParser, MarkdownListOutputParser):
             return _StableItems(self, _final_line_matches)

@@ -26,7 +26,6 @@ change results.
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +33,8 @@ from typing import Any
 from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
-from packaging.version import InvalidVersion, Version
 
-from teola_langchain.classes import class_of
+from teola_langchain.classes import class_of, installed_within, qualified_name
 
 
 @dataclass(frozen=True)
@@ -148,15 +146,11 @@ def store_proof(store: VectorStore) -> StoreProof | str:
     proof = _PROVEN_STORES.get(cls)
     if proof is not None:
         return proof
-    known = _PROVEN_STORES_BY_NAME.get(f"{cls.__module__}.{cls.__qualname__}")
+    known = _PROVEN_STORES_BY_NAME.get(qualified_name(store))
     if known is None:
         return f"no equivalence proof for vector store {cls.__name__}"
     distribution, (first, before), proof = known
-    try:
-        version = importlib.metadata.version(distribution)
-        covered = Version(first) <= Version(version) < Version(before)
-    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
-        version, covered = "an unknown version", False
+    covered, version = installed_within(distribution, first, before)
     if not covered:
         return f"the proof for {cls.__name__} covers {distribution} >= {first}, < {before}, not {version}"
     return proof

@@ -20,6 +20,8 @@ The graph has two inputs — "input" (the chain's input) and "context" (the quer
 - chat model / LLM [+ recognised parser]: PREFILL + DECODE [+ split unit; an inline
   parse] (`models.py`, `parsers.py`).
 - `VectorStoreRetriever` over a proven store: EMBED + SEARCH (`retrievers.py`).
+- langchain-classic's `MultiQueryRetriever` over such a retriever: its `llm_chain`
+  traced, EMBED + SEARCH over the queries it writes, its `unique_union` (`multi_query.py`).
 - `RunnableWithFallbacks`, `RunnableRetry`, `RunnableGenerator`: one call running it,
   by design, so their semantics are exactly LangChain's.
 - anything else: one call running it, and a one-time warning naming the step.
@@ -60,6 +62,7 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
 from teola_core.ir.types import PortType
+from teola_langchain import multi_query
 from teola_langchain import steps as fns
 from teola_langchain.classes import class_of
 from teola_langchain.context import BoundConfigs
@@ -124,6 +127,17 @@ class TraceSession:
         sub = SubGraph(name, graph, graph)
         self.subgraphs.append(sub)
         return sub
+
+    @contextmanager
+    def planning(self, expected_items: int | None) -> Iterator[None]:
+        """Plan list LLMs for `expected_items` inside the block, unless the user set a hint."""
+        before = self.expected_items
+        if before is None:
+            self.expected_items = expected_items
+        try:
+            yield
+        finally:
+            self.expected_items = before
 
     def note_opaque(self, step: Runnable[Any, Any], reason: str | None) -> None:
         if id(step) in self._noted:
@@ -440,6 +454,8 @@ class GraphTracer:
         return Ref(parsed, items=out.items)
 
     def retriever(self, r: BaseRetriever, sym: Sym, bound: BoundConfigs) -> Sym:
+        if multi_query.is_multi_query(r):
+            return self.multi_query(r, sym, bound)
         plan = decompose(r)
         if isinstance(plan, str):
             return self.opaque(r, sym, bound, plan)
@@ -447,6 +463,24 @@ class GraphTracer:
         query = self._inline(fns.as_list, {"value": self.value(sym)}, "query", label)
         hits = self._retrieve(plan, query, 1, label)
         return Ref(self._inline(fns.unwrap_single, {"value": hits}, "docs", label))
+
+    def multi_query(self, r: Any, sym: Sym, bound: BoundConfigs) -> Sym:
+        plan = decompose(r.retriever)
+        reason = multi_query.why_opaque(r) or (f"inner retriever: {plan}" if isinstance(plan, str) else None)
+        if reason is not None or isinstance(plan, str):
+            return self.opaque(r, sym, bound, reason)
+        label, inner_label = r.get_name(), r.retriever.get_name()
+        question = self.value(sym)
+        with self.session.planning(multi_query.planned_queries(r)):
+            generated = self.step(r.llm_chain, DictValue({"question": Ref(question)}), _inner(bound))
+        inputs = {
+            "lines": self.value(generated),
+            "generated": self._retrieve(plan, self.items(generated), None, inner_label),
+        }
+        if r.include_original:
+            query = self._inline(fns.as_list, {"value": question}, "query", label)
+            inputs["original"] = self._retrieve(plan, query, 1, inner_label)
+        return Ref(self._inline(multi_query.unique_union(r), inputs, "unique_union", label))
 
     def _retrieve(self, plan: Decomposition, texts: Value, items: int | None, label: str) -> Value:
         embedder = self.session.engines.embeddings(plan.embeddings)

@@ -11,7 +11,8 @@ query that uses it shares one engine scheduler; that is what lets calls batch.
   output parser; "chat" `llm.achat(messages)` giving `.message.content or ""`, what
   `apredict` computes for a chat model. `formatted` (default True) is passed on: False
   for callers that hand the LLM a raw prompt (`QueryFusionRetriever`'s `llm.complete`).
-  A pipelined decode streams `llm.astream_complete(prompt, formatted=...)`'s deltas.
+  A pipelined decode streams `llm.astream_complete(prompt, formatted=...)`'s deltas (a
+  model that raises `NotImplementedError` for streaming gives its one `acomplete` text).
 - `OpenAICompatibleLLMEngine`: the same for an `OpenAILike` / `OpenAI` client (see
   `openai_compat`): decode is still the user's object, and a partial prefill also warms
   the ready prefix in the server's prefix cache through Teola's `VLLMHTTPEngine`.
@@ -22,11 +23,14 @@ query that uses it shares one engine scheduler; that is what lets calls batch.
   `embedded_queries` config each output item is the query itself with its embedding,
   `QueryBundle(query_str, embedding=vector)` (LlamaIndex's embedded query), so a SEARCH
   split per item needs no second, aligned input.
-- `LlamaIndexRetrieverEngine`: SEARCH: `retriever.aretrieve(QueryBundle(query_str,
-  embedding=vector))`; with the embedding given, the retriever runs only its search
-  and node lookup, so EMBED + SEARCH equals `retriever.aretrieve(query)`. The bundles
-  come from the `index` input aligned with `vectors`, or, with `embedded_queries`, are
-  the `vectors` items themselves (the `index` input is then the retriever).
+- `LlamaIndexRetrieverEngine`: SEARCH: `retriever._aretrieve(QueryBundle(query_str,
+  embedding=vector))`; with the embedding given, the retriever runs only its search and
+  node lookup. `BaseRetriever.aretrieve` then resolves `IndexNode`s (recursive
+  retrieval) with the caller's bundle, which only the caller knows (with or without the
+  embedding: sync and async paths differ), so callers follow SEARCH with
+  `retrieval.resolve_objects`; EMBED + SEARCH + that step equal `retriever.(a)retrieve`.
+  The bundles come from the `index` input aligned with `vectors`, or, with
+  `embedded_queries`, are the `vectors` items themselves (`index` is then the retriever).
 - `LlamaIndexRerankEngine`: RERANK with a node postprocessor (see `rerank`).
 
 Models are always called through their async API (as the LangChain adapter does);
@@ -85,9 +89,20 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
         api = call.node.config.get("api", "complete")
         if api != "predict":
             raise TypeError(f"{call.node.describe()}: only text decodes (api 'predict') stream, not {api!r}")
-        formatted = call.node.config.get("formatted", True)
-        async for response in await self.llm.astream_complete(self.prompt_of(call), formatted=formatted):
-            yield response.delta or ""
+        prompt, formatted = self.prompt_of(call), call.node.config.get("formatted", True)
+        text = ""
+        try:
+            responses = await self.llm.astream_complete(prompt, formatted=formatted)
+            async for response in responses:
+                # `delta` may be None: then the new text is what `text` grew by.
+                delta = response.delta if response.delta is not None else response.text[len(text) :]
+                text += delta
+                yield delta
+        except NotImplementedError:
+            if text:
+                raise
+            # A model that cannot stream: its one completion is the whole stream.
+            yield (await self.llm.acomplete(prompt, formatted=formatted)).text
 
 
 class LlamaIndexEmbeddingEngine(PerCallEngine):
@@ -134,7 +149,7 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
         else:
             bundles, vectors = call.inputs["index"], call.inputs["vectors"]
             queries = [QueryBundle(query_str=b.query_str, embedding=v) for b, v in zip(bundles, vectors, strict=True)]
-        return {"hits": [await self.retriever.aretrieve(q) for q in queries]}
+        return {"hits": [await self.retriever._aretrieve(q) for q in queries]}
 
 
 class EngineRegistry:

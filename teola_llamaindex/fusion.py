@@ -12,15 +12,19 @@ Traced as: the prompt (inline), the LLM call as PREFILL + DECODE whose items are
 by `FusionQueries` (that same parse, incrementally), so decode pipelining hands each
 generated query to its retrievals while the model writes the next one; the original
 query's retrievals start at once; each (query, retriever) pair is EMBED + SEARCH on the
-retriever's engines (`retrieval`), batched with concurrent queries'; one call builds
-the results dict in the original order and fuses it with the retriever's own fusion
-method and recursive step. The answer is the retriever's own.
+retriever's engines (`retrieval`), batched with concurrent queries'; one call resolves
+each sub-retrieval's `IndexNode`s (as the sub-retriever's `aretrieve` would), builds the
+results dict in the original order and fuses it with the retriever's own fusion method
+and recursive step. The answer is the retriever's own.
 
 Traced only when every sub-retriever is exactly a `VectorIndexRetriever` (so its
 retrieval splits into EMBED + SEARCH), the retriever is not `verbose` (it prints from
 inside retrieval), and not for `use_async=False` with several retrievers: that sync
 path retrieves one after another on a shared bundle, and the first retriever's
 embedding, stored on it, is reused by the others. Anything else runs as one call.
+
+The retriever's configuration (its retrievers, `num_queries`, the prompt) is read when
+it is optimized: optimize again after changing it.
 
 The LLM is called through its async API (`acomplete`, or `astream_complete` when the
 decode is pipelined), as every Teola LlamaIndex engine calls models. Note that 0.12's
@@ -41,7 +45,7 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.split_units import ItemParser, SplitUnit
 from teola_llamaindex.common import QueryContext
 from teola_llamaindex.engines import EngineRegistry, needs_embedding
-from teola_llamaindex.retrieval import decomposable, trace_retrieval
+from teola_llamaindex.retrieval import decomposable, resolve_objects, trace_retrieval
 from teola_llamaindex.synthesis import max_tokens_hint
 
 
@@ -153,7 +157,8 @@ def trace_fusion(
                 items=generated,
                 embedded_queries=True,
             )
-    return b.call(_fuse(fusion), {**inputs, **hits}, name="fuse")
+            hits[f"embedded_{i}"] = vectors
+    return b.call(_fuse(fusion), {**inputs, "sub_ctx": sub_ctx, **hits}, name="fuse")
 
 
 def _as_bundle(query: Any) -> QueryBundle:
@@ -185,15 +190,23 @@ def _constant(value: Any) -> Callable[[], Any]:
 def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
     n = len(fusion._retrievers)
 
+    resolvers = [resolve_objects(r) for r in fusion._retrievers]
+
     async def fuse(
-        query: QueryBundle, ctx: QueryContext, queries: list[QueryBundle] | None = None, **hits: Any
+        query: QueryBundle,
+        ctx: QueryContext,
+        sub_ctx: QueryContext,
+        queries: list[QueryBundle] | None = None,
+        **hits: Any,
     ) -> list[NodeWithScore]:
         results: dict[tuple[str, int], list[NodeWithScore]] = {}
         for i in range(n):
             results[(query.query_str, i)] = hits[f"original_{i}"]
         for j, q in enumerate(queries or ()):
             for i in range(n):
-                results[(q.query_str, i)] = hits[f"generated_{i}"][j]
+                # The sync sub-retrieval stored the embedding on the bundle it resolves with.
+                bundle = hits[f"embedded_{i}"][j] if sub_ctx.sync else q
+                results[(q.query_str, i)] = await resolvers[i](bundle, hits[f"generated_{i}"][j], sub_ctx)
         nodes = fused(fusion, results)
         if ctx.sync:
             return await asyncio.to_thread(fusion._handle_recursive_retrieval, query, nodes)

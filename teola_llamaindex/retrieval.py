@@ -4,9 +4,11 @@
 (`embed_model.aget_agg_embedding_from_queries(q.embedding_strs)`, only when the store
 needs one and `q` has none) and then searches with `QueryBundle(query_str, embedding)`.
 Teola runs the first half as an EMBED primitive on the embed model's engine and the
-second as a SEARCH primitive calling `aretrieve` with the embedding set, so the
-retriever skips its own embedding: the same nodes, with the embeddings of concurrent
-queries batched on one engine. Only the exact class `VectorIndexRetriever` is split
+second as a SEARCH primitive calling `_aretrieve` with the embedding set, so the
+retriever runs only its search; a last step resolves `IndexNode`s as `aretrieve` does,
+with the bundle the library would pass (`resolve_objects`). The same nodes, with the
+embeddings of concurrent queries batched on one engine. (The retriever's own
+retrieval start/end events are not emitted on this path.) Only the exact class `VectorIndexRetriever` is split
 (a subclass may override retrieval); every other retriever is one opaque step.
 
 The sync path of the retriever stores the computed embedding on the caller's bundle;
@@ -15,10 +17,13 @@ The sync path of the retriever stores the computed embedding on the caller's bun
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
-from llama_index.core.schema import QueryBundle
+from llama_index.core.schema import IndexNode, NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_llamaindex.common import QueryContext
@@ -48,7 +53,9 @@ def trace_retrieval(b: GraphBuilder, engines: EngineRegistry, retriever: Any, qu
         attach_embedding, {"bundles": bundles, "vectors": vectors, "ctx": ctx}, name="attach", inline=True
     )
     hits = b.search(vectors, attached, engine=engines.retriever(retriever), top_k=retriever.similarity_top_k, items=1)
-    return b.call(only, {"hits": hits}, name="nodes", inline=True)
+    nodes = b.call(only, {"hits": hits}, name="nodes", inline=True)
+    bundle = b.call(only, {"hits": attached}, name="bundle_after", inline=True)
+    return b.call(resolve_objects(retriever), {"bundle": bundle, "nodes": nodes, "ctx": ctx}, name="resolve")
 
 
 def attach_embedding(bundles: list[QueryBundle], vectors: list[Any], ctx: QueryContext) -> list[QueryBundle]:
@@ -61,6 +68,25 @@ def attach_embedding(bundles: list[QueryBundle], vectors: list[Any], ctx: QueryC
 
 
 def only(hits: list[Any]) -> Any:
-    """The single query's nodes out of the one-element batch SEARCH returns."""
+    """The single element of a one-element batch (SEARCH's nodes, EMBED's bundle)."""
     (nodes,) = hits
     return nodes
+
+
+def resolve_objects(retriever: BaseRetriever) -> Callable[..., Any]:
+    """`BaseRetriever.(a)retrieve`'s end: resolve `IndexNode`s, drop duplicates.
+
+    With the bundle the library passes: the sync `_retrieve` has stored the embedding on
+    it (`attach_embedding` did the same), the async one has not. A sync query resolves
+    objects in a worker thread (they may retrieve, blocking), and inline when there is
+    nothing to resolve (the step only drops duplicates then).
+    """
+
+    async def resolve(bundle: QueryBundle, nodes: list[NodeWithScore], ctx: QueryContext) -> list[NodeWithScore]:
+        if not ctx.sync:
+            return await retriever._ahandle_recursive_retrieval(bundle, nodes)
+        if any(isinstance(n.node, IndexNode) for n in nodes):
+            return await asyncio.to_thread(retriever._handle_recursive_retrieval, bundle, nodes)
+        return retriever._handle_recursive_retrieval(bundle, nodes)
+
+    return resolve

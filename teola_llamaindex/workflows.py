@@ -414,7 +414,7 @@ class TeolaWorkflowRetriever(BaseRetriever):
     """A retriever whose async retrievals run as EMBED + SEARCH (or one SEARCH) on Teola."""
 
     def __init__(self, inner: BaseRetriever, router: _Router) -> None:
-        # The wrapped retriever resolves its own object map (SEARCH calls its `aretrieve`).
+        # The wrapped retriever resolves its own object map (after SEARCH, or in its `aretrieve`).
         super().__init__(callback_manager=inner.callback_manager, verbose=inner._verbose)
         self._inner = inner
         self._router = router
@@ -442,7 +442,9 @@ class TeolaWorkflowRetriever(BaseRetriever):
             graph = router.graph("retrieve", embed, router.depth(), search=search)
             request = _EmbedRequest("agg", tuple(query_bundle.embedding_strs))
             (hits,) = await router.call(graph, {"request": request, "bundles": [query_bundle]})
-            return hits
+            # SEARCH ran the wrapped retriever's search only; its `aretrieve` would resolve
+            # IndexNodes next, with this (unembedded) bundle.
+            return await self._inner._ahandle_recursive_retrieval(query_bundle, hits)
         graph = router.graph("search", self._whole, router.depth())
         (hits,) = await router.call(graph, {"request": [query_bundle]})
         return hits

@@ -6,8 +6,10 @@ import hashlib
 from typing import Any
 
 from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
+from llama_index.core.schema import IndexNode, TextNode
 
 TEXTS = [
     "Cats sleep for most of the day and hunt at dusk.",
@@ -47,6 +49,29 @@ def make_index() -> VectorStoreIndex:
 
 def make_llm(**kwargs: Any) -> MockLLM:
     return MockLLM(**kwargs)
+
+
+class ReversedEmbedding(HashEmbedding):
+    """Another embed model: a sub-index searched through an `IndexNode` must use its own."""
+
+    def _vec(self, text: str) -> list[float]:
+        return list(reversed(super()._vec("x" + text)))
+
+
+def recursive_retriever() -> BaseRetriever:
+    """A vector retriever whose index holds an `IndexNode` pointing at another index's retriever.
+
+    The other index embeds with `ReversedEmbedding`: resolving the IndexNode with the outer
+    query embedding (instead of letting the sub-retriever embed) finds different nodes.
+    """
+    sub_index = VectorStoreIndex.from_documents(
+        [Document(text=t, id_=f"s{i}") for i, t in enumerate(TEXTS)], embed_model=ReversedEmbedding(embed_dim=8)
+    )
+    nodes = [TextNode(text=t, id_=f"o{i}") for i, t in enumerate(TEXTS[:3])]
+    nodes.append(IndexNode(text="an index about cats at dusk", index_id="sub"))
+    retriever = VectorStoreIndex(nodes, embed_model=HashEmbedding(embed_dim=8)).as_retriever(similarity_top_k=4)
+    retriever.object_map["sub"] = sub_index.as_retriever(similarity_top_k=2)
+    return retriever
 
 
 # -- rerankers and LLMs for the rerank / synthesizer shapes ------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from li_fakes import TEXTS, make_index, make_llm
+from li_fakes import TEXTS, make_index, make_llm, recursive_retriever
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -54,6 +54,7 @@ SHAPES: dict[str, Callable[[], QueryFusionRetriever]] = {
         retriever_weights=[0.7, 0.3],
     ),
     "sync-sub-retrievals": lambda: fusion(use_async=False),
+    "one-generated-query-not-pipelined": lambda: fusion(num_queries=2),
 }
 
 
@@ -193,5 +194,92 @@ def test_query_pipeline_with_a_fusion_retriever_is_traced_and_equal() -> None:
         for q in QUESTIONS:
             assert texts(fast.run(input=q)) == texts(plain.run(input=q))
             assert texts(asyncio.run(fast.arun(input=q))) == texts(asyncio.run(plain.arun(input=q)))
+    finally:
+        fast.close()
+
+
+class ScriptedLLM(CustomLLM):
+    """Writes the question back, then a repeated line: generated queries that collide.
+
+    `stream`: "deltas" streams piece by piece, "text-only" streams cumulative text with
+    `delta=None` (allowed by `CompletionResponse`), "none" cannot stream.
+    """
+
+    stream: str = "deltas"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(is_chat_model=False)
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        question = prompt.split("Query: ")[1].split("\n")[0]
+        return CompletionResponse(text=f"{question}\ncats at dusk\ncats at dusk\n")
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        if self.stream == "none":
+            raise NotImplementedError("this model does not stream")
+        text = self.complete(prompt).text
+
+        def pieces() -> Any:
+            for i in range(0, len(text), 5):
+                if self.stream == "text-only":
+                    yield CompletionResponse(text=text[: i + 5])
+                else:
+                    yield CompletionResponse(text=text[: i + 5], delta=text[i : i + 5])
+
+        return pieces()
+
+
+@pytest.mark.parametrize("stream", ["deltas", "text-only", "none"])
+def test_how_the_model_streams_does_not_change_the_result(stream: str) -> None:
+    def build() -> RetrieverQueryEngine:
+        return query_engine(fusion(llm=ScriptedLLM(stream=stream), mode="reciprocal_rerank"))
+
+    plain, fast = build(), teola.optimize(build())
+    try:
+        assert sum(n.kind is PrimitiveKind.PARTIAL_DECODE for n in fast.graph.nodes.values()) == 3
+        for q in QUESTIONS:
+            assert texts(fast.query(q).source_nodes) == texts(plain.query(q).source_nodes)
+            got, want = asyncio.run(fast.aquery(q)), asyncio.run(plain.aquery(q))
+            assert texts(got.source_nodes) == texts(want.source_nodes)
+    finally:
+        fast.close()
+
+
+def test_concurrent_queries_each_get_their_own_result() -> None:
+    plain = query_engine(fusion(mode="relative_score"))
+    fast = teola.optimize(query_engine(fusion(mode="relative_score")))
+    questions = [f"{q} {i}" for i in range(4) for q in QUESTIONS]
+
+    async def both() -> tuple[list[Any], list[Any]]:
+        got = await asyncio.gather(*(fast.aquery(q) for q in questions))
+        want = await asyncio.gather(*(plain.aquery(q) for q in questions))
+        return got, want
+
+    try:
+        got, want = asyncio.run(both())
+        assert [texts(r.source_nodes) for r in got] == [texts(r.source_nodes) for r in want]
+    finally:
+        fast.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        recursive_retriever,
+        lambda: fusion(retrievers=[recursive_retriever()], num_queries=3, similarity_top_k=4),
+        lambda: fusion(retrievers=[recursive_retriever()], num_queries=3, similarity_top_k=4, use_async=False),
+    ],
+    ids=["vector-index", "fusion", "fusion-sync-sub-retrievals"],
+)
+def test_index_nodes_are_resolved_with_the_bundle_the_library_passes(make: Callable[[], BaseRetriever]) -> None:
+    plain, fast = query_engine(make()), teola.optimize(query_engine(make()))
+    q = "what do cats do at dusk"
+    try:
+        want = texts(plain.query(q).source_nodes)
+        assert any(text in TEXTS[3:] for text, _ in want)  # SUB_INDEX was searched
+        assert texts(fast.query(q).source_nodes) == want
+        got, want_async = asyncio.run(fast.aquery(q)), asyncio.run(plain.aquery(q))
+        assert texts(got.source_nodes) == texts(want_async.source_nodes)
     finally:
         fast.close()

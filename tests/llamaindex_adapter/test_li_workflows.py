@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 if tuple(int(p) for p in li_version.split(".")[:2]) >= (0, 13):
-    from li_fakes import HashEmbedding, make_index
+    from li_fakes import TEXTS, HashEmbedding, make_index, recursive_retriever
     from llama_index.core.workflow import Context, Event, StartEvent, StopEvent, Workflow, step
 
     import teola
@@ -199,6 +199,24 @@ def test_rag_with_retriever() -> None:
         assert got == plain
     assert spans.kinds() == {PrimitiveKind.EMBED, PrimitiveKind.SEARCH, PrimitiveKind.DECODE}
     assert fast.proxied == {"retriever": "VectorIndexRetriever", "llm": "MockLLM", "embed_model": "HashEmbedding"}
+
+
+def test_a_retrievers_index_nodes_are_resolved_as_its_own_aretrieve_does() -> None:
+    wf = Rag(recursive_retriever(), MockLLM(), HashEmbedding(embed_dim=8))
+    fast, spans = optimized(wf)
+
+    async def main() -> tuple[Any, Any, Any]:
+        nodes = await recursive_retriever().aretrieve("what do cats do at dusk")
+        return (
+            nodes,
+            await wf.run(question="what do cats do at dusk"),
+            await fast.run(question="what do cats do at dusk"),
+        )
+
+    nodes, plain, got = asyncio.run(main())
+    assert any(n.node.get_content() in TEXTS[3:] for n in nodes)  # the sub-index was searched
+    assert got == plain
+    assert PrimitiveKind.SEARCH in spans.kinds()
 
 
 def test_concurrent_runs_batch_their_embeddings() -> None:
