@@ -18,7 +18,7 @@ from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import WORKLOADS
 
 # The examples `--langchain` accepts (kept here so the parser needs no LangChain import).
-LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "rerank_rag", "assign_pipeline")
+LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "rerank_rag", "assign_pipeline")
 # The QueryPipelines `--llamaindex` accepts (see `teola_benchmarks.llamaindex.examples`).
 LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag")
 

@@ -49,7 +49,10 @@ class AnswerMismatch(AssertionError):
 def example_module(name: str) -> ModuleType:
     if name not in EXAMPLES:
         raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
-    return importlib.import_module(f"teola_examples.{name}")
+    try:
+        return importlib.import_module(f"teola_examples.{name}")
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"example {name!r} needs {exc.name!r}: pip install it first") from exc
 
 
 def bench_langchain(

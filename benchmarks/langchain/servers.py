@@ -70,7 +70,10 @@ from teola_core.ir.types import PortType
 Batching = Literal["request", "dynamic"]
 BATCHING_MODES: tuple[str, ...] = ("request", "dynamic")
 
-_QUERIES = re.compile(r"(?:Write|Generate) (\d+) (?:\w+ )*?(?:search )?queries, one (?:per|on each) line")
+_QUERIES = re.compile(
+    r"(?:Write|Generate|generate) (\d+) (?:\w+\s+)*?"
+    r"(?:(?:search\s+)?queries,\s+one\s+(?:per|on\s+each)\s+line|versions\s+of\s+the\s+given\s+user\s+question)"
+)
 _LENGTH = re.compile(r"in about (\d+) words")
 
 
@@ -78,11 +81,12 @@ _LENGTH = re.compile(r"in about (\d+) words")
 class ExampleResponder:
     """What the simulated model writes: a deterministic function of the prompt.
 
-    It follows the examples' instructions: "Write N ... queries, one per line" (or
-    LlamaIndex's `QueryFusionRetriever` prompt, "Generate N search queries, one on each
-    line") gives N lines of `query_tokens` words; "in about N words" gives N words; anything else
-    `answer_tokens` words. Words come from the synthetic corpus' vocabulary, so
-    generated queries retrieve something.
+    It follows the examples' instructions: "Write N ... queries, one per line" (and the
+    query-generation prompts of LlamaIndex's `QueryFusionRetriever`, "Generate N search
+    queries, one on each line", and LangChain's `MultiQueryRetriever`, "generate N
+    different versions of the given user question") gives N lines of `query_tokens`
+    words; "in about N words" gives N words; anything else `answer_tokens` words. Words
+    come from the synthetic corpus' vocabulary, so generated queries retrieve something.
     """
 
     answer_tokens: int = 48
