@@ -17,11 +17,16 @@ each sub-retrieval's `IndexNode`s (as the sub-retriever's `aretrieve` would), bu
 results dict in the original order and fuses it with the retriever's own fusion method
 and recursive step. The answer is the retriever's own.
 
+A `verbose` retriever prints its "Generated queries" from the fuse step, once the
+model's text is complete (before anything else the query prints, unless a sub-retriever
+is verbose too: then the whole retriever runs as one call, to keep the order of
+prints).
+
 Traced only when every sub-retriever is exactly a `VectorIndexRetriever` (so its
-retrieval splits into EMBED + SEARCH), the retriever is not `verbose` (it prints from
-inside retrieval), and not for `use_async=False` with several retrievers: that sync
-path retrieves one after another on a shared bundle, and the first retriever's
-embedding, stored on it, is reused by the others. Anything else runs as one call.
+retrieval splits into EMBED + SEARCH), and not for `use_async=False` with several
+retrievers: that sync path retrieves one after another on a shared bundle, and the
+first retriever's embedding, stored on it, is reused by the others. Anything else runs
+as one call.
 
 The retriever's configuration (its retrievers, `num_queries`, the prompt) is read when
 it is optimized: optimize again after changing it.
@@ -107,8 +112,8 @@ def why_not_traced(retriever: QueryFusionRetriever) -> str | None:
     """Why this fusion retriever runs as one call (see the module docstring), or None."""
     if not all(decomposable(r) for r in retriever._retrievers):
         return "a sub-retriever is not a VectorIndexRetriever"
-    if retriever._verbose:
-        return "verbose (it prints from inside retrieval)"
+    if retriever._verbose and any(r._verbose for r in retriever._retrievers):
+        return "verbose, with a verbose sub-retriever (their prints would interleave differently)"
     if not retriever.use_async and len(retriever._retrievers) > 1:
         return "use_async=False with several retrievers (they share one bundle's embedding)"
     return None
@@ -140,6 +145,8 @@ def trace_fusion(
         )
         assert out.items is not None
         inputs["queries"] = out.items
+        if fusion._verbose:
+            inputs["text"] = out.text
         for i, r in enumerate(fusion._retrievers):
             vectors = b.embed(
                 out.items,
@@ -197,8 +204,12 @@ def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
         ctx: QueryContext,
         sub_ctx: QueryContext,
         queries: list[QueryBundle] | None = None,
+        text: str | None = None,
         **hits: Any,
     ) -> list[NodeWithScore]:
+        if text is not None:  # `_get_queries`' print: every line the model wrote, before the cap
+            queries_str = "\n".join(q.strip() for q in text.strip("`").split("\n") if q.strip())
+            print(f"Generated queries:\n{queries_str}")
         results: dict[tuple[str, int], list[NodeWithScore]] = {}
         for i in range(n):
             results[(query.query_str, i)] = hits[f"original_{i}"]

@@ -10,6 +10,7 @@ where it fails (a call in the mode the store was not made for).
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import uuid
 from operator import itemgetter
 from typing import Any
@@ -153,7 +154,7 @@ def test_a_call_in_the_mode_the_store_was_not_made_for_fails_as_in_langchain(url
 def test_another_langchain_postgres_line_keeps_the_retriever_opaque(url: str, monkeypatch) -> None:
     store = sync_store(url)
     assert not isinstance(retrievers.store_proof(store), str)
-    monkeypatch.setattr(retrievers.importlib.metadata, "version", lambda name: "0.1.0")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.0")
     reason = retrievers.store_proof(store)
     assert isinstance(reason, str) and "covers langchain-postgres >= 0.0.19, < 0.1, not 0.1.0" in reason
     fast = teola.optimize(itemgetter("question") | store.as_retriever(), warn=False)

@@ -113,7 +113,10 @@ class KeywordRetriever(BaseRetriever):
     ("make", "why"),
     [
         (lambda: fusion(retrievers=[KeywordRetriever()]), "not a VectorIndexRetriever"),
-        (lambda: fusion(verbose=True), "verbose"),
+        (
+            lambda: fusion(verbose=True, retrievers=[INDEX.as_retriever(similarity_top_k=2, verbose=True)]),
+            "verbose sub-retriever",
+        ),
         (
             lambda: fusion(
                 use_async=False,
@@ -281,5 +284,24 @@ def test_index_nodes_are_resolved_with_the_bundle_the_library_passes(make: Calla
         assert texts(fast.query(q).source_nodes) == want
         got, want_async = asyncio.run(fast.aquery(q)), asyncio.run(plain.aquery(q))
         assert texts(got.source_nodes) == texts(want_async.source_nodes)
+    finally:
+        fast.close()
+
+
+def test_a_verbose_retriever_prints_its_generated_queries_as_llamaindex_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plain, fast = (
+        query_engine(fusion(num_queries=3, verbose=True)),
+        teola.optimize(query_engine(fusion(num_queries=3, verbose=True))),
+    )
+    try:
+        assert sum(n.kind is PrimitiveKind.PARTIAL_DECODE for n in fast.graph.nodes.values()) == 2
+        for q in QUESTIONS:
+            plain.query(q)
+            theirs = capsys.readouterr().out
+            fast.query(q)
+            asyncio.run(fast.aquery(q))
+            assert "Generated queries:" in theirs and capsys.readouterr().out == theirs * 2
     finally:
         fast.close()
