@@ -19,8 +19,9 @@ from teola_benchmarks.workloads import WORKLOADS
 
 # The examples `--langchain` accepts (kept here so the parser needs no LangChain import).
 LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "rerank_rag", "assign_pipeline")
-# The QueryPipelines `--llamaindex` accepts (see `teola_benchmarks.llamaindex.examples`).
-LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag")
+# The apps `--llamaindex` accepts: QueryPipelines (`teola_benchmarks.llamaindex.examples`,
+# llama-index-core <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
+LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")
 
 
 def add_bench_command(commands: Any) -> None:
@@ -61,8 +62,9 @@ def add_bench_command(commands: Any) -> None:
         choices=LLAMAINDEX_EXAMPLES,
         default=None,
         metavar="EXAMPLE",
-        help=f"an example LlamaIndex QueryPipeline (llama-index-core <= 0.12), its own executor vs "
-        f"teola.optimize, on simulated OpenAI-compatible servers ({', '.join(LLAMAINDEX_EXAMPLES)})",
+        help=f"an example LlamaIndex app, its own execution vs teola.optimize, on simulated "
+        f"OpenAI-compatible servers ({', '.join(LLAMAINDEX_EXAMPLES)}; the QueryPipelines need "
+        f"llama-index-core <= 0.12, fusion_query_engine runs on 0.12 and 0.14)",
     )
     p.add_argument(
         "--agents",
@@ -183,7 +185,7 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
 
 
 def run_llamaindex_bench(args: argparse.Namespace) -> int:
-    """`--llamaindex EXAMPLE`: needs llama-index-core <= 0.12, openai, fastapi and uvicorn."""
+    """`--llamaindex EXAMPLE`: needs openai, fastapi and uvicorn (QueryPipelines: llama-index-core <= 0.12)."""
     from teola_benchmarks.llamaindex.bench import bench_llamaindex
 
     if args.overhead:
@@ -201,7 +203,7 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    Console().print(result.table(f"{result.example} (QueryPipeline)"))
+    Console().print(result.table(f"{result.example} (LlamaIndex)"))
     return 0
 
 

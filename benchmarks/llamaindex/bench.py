@@ -1,20 +1,23 @@
-"""`teola bench --llamaindex EXAMPLE`: an example QueryPipeline, its own executor vs Teola.
+"""`teola bench --llamaindex EXAMPLE`: an example LlamaIndex app, its own execution vs Teola.
 
-One set of simulated servers (`teola_benchmarks.langchain.servers.SimServers`), one
-pipeline object over one index, the same questions for both systems, run one system
-after the other, each as a closed loop of `concurrency` workers (a worker starts its
-next query when its last one returns):
+Examples are QueryPipelines (`examples`, llama-index-core <= 0.12: QueryPipeline is
+gone from 0.13) or query engines (`query_engines`, both lines). One set of simulated
+servers (`teola_benchmarks.langchain.servers.SimServers`), one app object over one
+index, the same questions for both systems, run one system after the other, each as a
+closed loop of `concurrency` workers (a worker starts its next query when its last one
+returns):
 
 - `llamaindex`: `pipeline.arun(question=q)` (QueryPipeline's own async executor: waves
-  of ready modules, at most 4 at a time, the next wave after the whole wave);
-- `teola`: `teola.optimize(pipeline).arun(question=q)`.
+  of ready modules, at most 4 at a time, the next wave after the whole wave), or
+  `engine.aquery(q)`;
+- `teola`: the same call on `teola.optimize(app)`.
 
 Before each system one warm-up query (not among the measured ones) runs alone, then
 the servers' prefix cache is emptied. The warm-up's latency is reported as `alone_s`
 (in `server`): one query with the servers to itself, the floor of what the closed loop's
 mean can reach, whatever the scheduling (the loop's queries send the same requests to
-the same servers, and contend there). Every answer must equal LlamaIndex's (else
-`AnswerMismatch`). Needs llama-index-core <= 0.12, fastapi, uvicorn and openai.
+the same servers, and contend there). Every answer (as text) must equal LlamaIndex's
+(else `AnswerMismatch`). Needs fastapi, uvicorn and openai.
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ from typing import Any
 import httpx
 
 import teola
+from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.servers import Batching, SimServers
-from teola_benchmarks.llamaindex.examples import EXAMPLES, build_index, questions
+from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
+from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
 
 SYSTEMS = ("llamaindex", "teola")
+
+Ask = Callable[[Any, str], Awaitable[Any]]
+"""One question to an app, through the app's own async API."""
 
 
 class AnswerMismatch(AssertionError):
@@ -48,8 +56,8 @@ def bench_llamaindex(
     batching: Batching = "dynamic",
 ) -> FrameworkBenchResult:
     """Run both systems on one example against one set of servers (see the module docstring)."""
-    if example not in EXAMPLES:
-        raise ValueError(f"unknown example {example!r} (known: {', '.join(EXAMPLES)})")
+    if example not in LLAMAINDEX_EXAMPLES:
+        raise ValueError(f"unknown example {example!r} (known: {', '.join(LLAMAINDEX_EXAMPLES)})")
     if queries < 1 or concurrency < 1:
         raise ValueError("queries and concurrency must be >= 1")
     inputs = questions(queries + 1)
@@ -57,11 +65,11 @@ def bench_llamaindex(
     with SimServers(time_scale=time_scale, batching=batching) as servers:
         llm = ServerLLM(base_url=servers.base_url)
         index = build_index(ServerEmbedding(base_url=servers.base_url))
-        pipeline = EXAMPLES[example](llm, index)
-        fast = teola.optimize(pipeline)
+        app, ask = _build(example, llm, index)
+        fast = teola.optimize(app)
         try:
             latencies, answers, alone = asyncio.run(
-                _measure({"llamaindex": pipeline, "teola": fast}, warmup, measured, concurrency, servers.root_url)
+                _measure({"llamaindex": app, "teola": fast}, ask, warmup, measured, concurrency, servers.root_url)
             )
         finally:
             fast.close()
@@ -76,21 +84,40 @@ def bench_llamaindex(
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
+def _build(example: str, llm: ServerLLM, index: Any) -> tuple[Any, Ask]:
+    """The example's app and how to ask it: a query engine, or a QueryPipeline (imported only then: <= 0.12)."""
+    if example in QUERY_ENGINES:
+        return QUERY_ENGINES[example](llm, index), _ask_engine
+    try:
+        from teola_benchmarks.llamaindex.examples import EXAMPLES
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"example {example!r} is a QueryPipeline, which needs llama-index-core <= 0.12 ({exc})"
+        ) from exc
+    return EXAMPLES[example](llm, index), _ask_pipeline
+
+
+def _ask_engine(engine: Any, question: str) -> Awaitable[Any]:
+    return engine.aquery(question)
+
+
+def _ask_pipeline(pipeline: Any, question: str) -> Awaitable[Any]:
+    return pipeline.arun(question=question)
+
+
 async def _measure(
-    systems: dict[str, Any], warmup: str, inputs: Sequence[str], concurrency: int, root_url: str
+    systems: dict[str, Any], ask: Ask, warmup: str, inputs: Sequence[str], concurrency: int, root_url: str
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
     latencies: dict[str, list[float]] = {}
     answers: dict[str, list[Any]] = {}
     alone: dict[str, float] = {}
     async with httpx.AsyncClient() as admin:
-        for name, pipeline in systems.items():
+        for name, app in systems.items():
             began = time.perf_counter()
-            await pipeline.arun(question=warmup)
+            await ask(app, warmup)
             alone[name] = time.perf_counter() - began
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
-            latencies[name], answers[name] = await closed_loop(
-                lambda q, p=pipeline: p.arun(question=q), inputs, concurrency
-            )
+            latencies[name], answers[name] = await closed_loop(lambda q, a=app: ask(a, q), inputs, concurrency)
     return latencies, answers, alone
 
 

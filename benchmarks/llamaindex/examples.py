@@ -20,38 +20,18 @@ from typing import Any
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.query_pipeline import FnComponent, InputComponent, QueryPipeline
-from llama_index.core.retrievers import QueryFusionRetriever
-from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.core.schema import NodeWithScore
 
-from teola_benchmarks.workloads.common import make_chunks, make_question
+from teola_benchmarks.llamaindex.data import ANSWER, TOP_K, fusion_retriever
 
-TOP_K = 3
 EXPAND = (
     "You are an AI assistant that helps search a vector database.\n"
     "Write {n} different search queries, one per line, for the question below. "
     "Write only the queries.\nQuestion: {question}"
 )
-ANSWER = (
-    "You are a careful assistant. Answer the question using only the context passages. "
-    "Keep the answer short and precise.\nContext:\n{context}\n\nQuestion: {question}\nAnswer in about 32 words."
-)
-
-
-def corpus(n: int = 64, words_per_chunk: int = 60) -> list[str]:
-    return make_chunks("kb", n, words_per_chunk)
-
-
-def questions(n: int) -> list[str]:
-    return [make_question(f"question-{i}") for i in range(n)]
-
-
-def build_index(embed_model: BaseEmbedding) -> VectorStoreIndex:
-    nodes = [TextNode(text=t, id_=f"kb{i}") for i, t in enumerate(corpus())]
-    return VectorStoreIndex(nodes, embed_model=embed_model)
 
 
 def _line(i: int) -> Callable[[Any], str]:
@@ -115,14 +95,7 @@ def multi_query_rag(llm: LLM, index: VectorStoreIndex, n_queries: int = 4) -> Qu
 
 def fusion_rag(llm: LLM, index: VectorStoreIndex, n_queries: int = 4) -> QueryPipeline:
     """`naive_rag` over a `QueryFusionRetriever` (LlamaIndex's multi-query retriever)."""
-    fusion = QueryFusionRetriever(
-        [index.as_retriever(similarity_top_k=TOP_K)],
-        llm=llm,
-        num_queries=n_queries,
-        similarity_top_k=TOP_K,
-        mode="reciprocal_rerank",
-    )
-    return naive_rag(llm, index, retriever=fusion)
+    return naive_rag(llm, index, retriever=fusion_retriever(llm, index, n_queries))
 
 
 def naive_rag(llm: LLM, index: VectorStoreIndex, retriever: BaseRetriever | None = None) -> QueryPipeline:
