@@ -39,6 +39,18 @@ def installed_within(distribution: str, first: str, before: str) -> tuple[bool, 
     """Is the installed `distribution` in [first, before)? Also its version, for messages."""
     try:
         version = importlib.metadata.version(distribution)
-        return Version(first) <= Version(version) < Version(before), version
+        v = Version(version)
     except (importlib.metadata.PackageNotFoundError, InvalidVersion):
         return False, "an unknown version"
+    # By release numbers at the top, so that pre-releases of `before` (1.1.0rc1) are out too.
+    return Version(first) <= v and v.release < Version(before).release, version
+
+
+# langchain-classic (LangChain's pre-1.0 chains and retrievers), whose source was read
+# at 1.0.8: its classes are recognised for these versions only, as [first, before).
+LANGCHAIN_CLASSIC = ("langchain-classic", "1.0.0", "1.1")
+
+
+def is_classic(obj: Any, name: str) -> bool:
+    """`obj`'s exact class is langchain-classic's `name`, in a version whose source was read."""
+    return qualified_name(obj) == name and installed_within(*LANGCHAIN_CLASSIC)[0]

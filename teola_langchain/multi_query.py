@@ -18,8 +18,11 @@ the library's default prompt asks for, unless the `expected_items` option says
 otherwise. Callback runs of the retriever's children are not opened (as for every
 traced step). Recognised by qualified name, for the langchain-classic versions read.
 
-Runs as one call: an `LLMChain` as `llm_chain` (its dict output is read by key) and an
-inner retriever that does not decompose.
+Runs as one call: an `LLMChain` as `llm_chain` (its dict output is read by key), an
+`llm_chain` that does not end in a model and a recognised list parser (with
+`include_original` the library appends to its output, which must be a list), one with
+configurable fields (the library hands it only the callbacks, so configuration reaches
+it only sometimes), and an inner retriever that does not decompose.
 """
 
 from __future__ import annotations
@@ -30,19 +33,14 @@ from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableSequence
 
-from teola_langchain.classes import installed_within, qualified_name
+from teola_langchain.classes import class_of, is_classic
+from teola_langchain.models import language_model
+from teola_langchain.parsers import returns_list
 
-CLASSIC = ("langchain-classic", "1.0.0", "1.1")  # distribution, versions read as [first, before)
 MULTI_QUERY_RETRIEVER = "langchain_classic.retrievers.multi_query.MultiQueryRetriever"
-LINE_LIST_PARSER = "langchain_classic.retrievers.multi_query.LineListOutputParser"
-_LLM_CHAIN = "langchain_classic.chains.llm.LLMChain"
 _DEFAULT_PROMPT_QUERIES = 3  # "generate 3 different versions of the given user question"
-
-
-def is_classic(obj: Any, name: str) -> bool:
-    """`obj`'s exact class is langchain-classic's `name`, in a version whose source was read."""
-    return qualified_name(obj) == name and installed_within(*CLASSIC)[0]
 
 
 def is_multi_query(retriever: BaseRetriever) -> bool:
@@ -51,8 +49,16 @@ def is_multi_query(retriever: BaseRetriever) -> bool:
 
 def why_opaque(retriever: Any) -> str | None:
     """Why this `MultiQueryRetriever` runs as one call, or None (see the module docstring)."""
-    if qualified_name(retriever.llm_chain) == _LLM_CHAIN:
-        return "its llm_chain is an LLMChain"
+    from langchain_classic.chains.llm import LLMChain
+
+    chain = retriever.llm_chain
+    if isinstance(chain, LLMChain):
+        return "its llm_chain is an LLMChain (its dict output is read by key)"
+    steps = chain.steps if class_of(chain) is RunnableSequence else []
+    if len(steps) < 2 or language_model(steps[-2]) is None or not returns_list(steps[-1]):
+        return "its llm_chain does not end in a model and a recognised list parser (its output may not be a list)"
+    if chain.config_specs:
+        return "its llm_chain has configurable fields (LangChain passes it only the callbacks)"
     return None
 
 
@@ -66,15 +72,35 @@ def planned_queries(retriever: Any) -> int | None:
     return None
 
 
-def unique_union(retriever: Any) -> Callable[..., list[Document]]:
-    """The retriever's own end: its log record, then `unique_union` of the documents in query order."""
+def log_queries(retriever: Any) -> Callable[[list[str]], list[str]]:
+    """The retriever's log record of the generated queries (when `verbose`), as it logs it.
+
+    Emitted once the model's queries are complete (the library logs then too, before its
+    retrievals; here retrieval of the first queries has already started, so a retrieval
+    that fails before the model is done ends the query without the record).
+    """
     logger = logging.getLogger(type(retriever).__module__)
 
-    def union(
-        lines: list[str], generated: list[list[Document]], original: list[list[Document]] | None = None
-    ) -> list[Document]:
+    def log(lines: list[str]) -> list[str]:
         if retriever.verbose:
             logger.info("Generated queries: %s", lines)
+        return lines
+
+    return log
+
+
+def unique_union(retriever: Any) -> Callable[..., list[Document]]:
+    """The retriever's own end: `unique_union` of the documents, in query order."""
+
+    def union(
+        lines: list[str],
+        generated: list[list[Document]],
+        question: str | None = None,
+        original: list[list[Document]] | None = None,
+    ) -> list[Document]:
+        if question is not None:
+            # The library appends the question to the very list it logged (its record shows it).
+            lines.append(question)
         documents = [d for docs in generated for d in docs]
         for docs in original or ():
             documents.extend(docs)

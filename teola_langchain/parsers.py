@@ -23,7 +23,7 @@ it emitted is a prefix of `parse(full text)`. How each one knows an item is fina
   pipelined; a provably exact streaming parser for them is future work.
 
 Parsers are recognised by exact class (a subclass may override `parse`);
-langchain-classic's by qualified name, for the versions read (`multi_query.is_classic`).
+langchain-classic's by qualified name, for the versions read (`classes.is_classic`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from langchain_core.output_parsers import (
 from langchain_core.outputs import ChatGeneration, Generation
 
 from teola_core.ir.split_units import ItemParser, SplitUnit
-from teola_langchain.classes import class_of
-from teola_langchain.multi_query import LINE_LIST_PARSER, is_classic
+from teola_langchain.classes import class_of, is_classic
 
 
 class LineListOutputParser(BaseOutputParser[list[str]]):
@@ -63,6 +62,9 @@ class LineListOutputParser(BaseOutputParser[list[str]]):
         return "teola-line-list"
 
 
+# langchain-classic's copy (`langchain_classic/retrievers/multi_query.py`): the same `parse`.
+CLASSIC_LINE_LIST_PARSER = "langchain_classic.retrievers.multi_query.LineListOutputParser"
+
 _LIST_PARSERS: tuple[type[BaseOutputParser[Any]], ...] = (
     CommaSeparatedListOutputParser,
     NumberedListOutputParser,
@@ -74,7 +76,7 @@ _RECOGNISED: tuple[type[BaseOutputParser[Any]], ...] = (StrOutputParser, JsonOut
 
 def is_line_list(step: object) -> bool:
     """Teola's `LineListOutputParser` or langchain-classic's (the same `parse`)."""
-    return class_of(step) is LineListOutputParser or is_classic(step, LINE_LIST_PARSER)
+    return class_of(step) is LineListOutputParser or is_classic(step, CLASSIC_LINE_LIST_PARSER)
 
 
 def is_recognised(step: object) -> bool:
@@ -155,7 +157,8 @@ class _StableItems(ItemParser):
     """Emits items as soon as they are final; `close` checks them against the whole text.
 
     `final(unit, text)` returns items of `text` that are a prefix of the items of every
-    continuation of `text`. They can only grow when a newline arrives.
+    continuation of `text`. They can only grow when a newline, or a visible character
+    after one, arrives.
     """
 
     def __init__(self, unit: ParserItems, final: Callable[[ParserItems, str], list[Any]]) -> None:
@@ -166,7 +169,9 @@ class _StableItems(ItemParser):
 
     def feed(self, delta: str) -> list[Any]:
         self._text += delta
-        if self._final is _nothing_final or "\n" not in delta:
+        # Items become final when a newline arrives, or (lines) when a visible character
+        # follows one: look again only then.
+        if self._final is _nothing_final or ("\n" not in delta and not (delta.strip() and "\n" in self._text)):
             return []
         new = self._final(self._unit, self._text)[len(self._emitted) :]
         self._emitted.extend(new)

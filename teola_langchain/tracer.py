@@ -473,13 +473,12 @@ class GraphTracer:
         question = self.value(sym)
         with self.session.planning(multi_query.planned_queries(r)):
             generated = self.step(r.llm_chain, DictValue({"question": Ref(question)}), _inner(bound))
-        inputs = {
-            "lines": self.value(generated),
-            "generated": self._retrieve(plan, self.items(generated), None, inner_label),
-        }
+        lines = self._inline(multi_query.log_queries(r), {"lines": self.value(generated)}, "log", label)
+        inputs = {"lines": lines, "generated": self._retrieve(plan, self.items(generated), None, inner_label)}
         if r.include_original:
             query = self._inline(fns.as_list, {"value": question}, "query", label)
             inputs["original"] = self._retrieve(plan, query, 1, inner_label)
+            inputs["question"] = question
         return Ref(self._inline(multi_query.unique_union(r), inputs, "unique_union", label))
 
     def _retrieve(self, plan: Decomposition, texts: Value, items: int | None, label: str) -> Value:
