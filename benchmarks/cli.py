@@ -37,8 +37,14 @@ def add_bench_command(commands: Any) -> None:
         help="multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
+    p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
+    p.add_argument(
+        "--seeds",
+        type=str,
+        default=None,
+        help="--workload: comma-separated seeds, one run per seed and rate (one run is one arrival draw)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
     p.add_argument(
@@ -123,6 +129,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    if args.plot and len(seeds) > 1:
+        raise SystemExit("teola bench: --plot draws one arrival sequence; give one seed")
     results = [
         asyncio.run(
             bench(
@@ -131,14 +140,16 @@ def run_bench(args: argparse.Namespace) -> int:
                 queries=args.queries,
                 time_scale=args.time_scale,
                 systems=systems,
-                seed=args.seed,
+                seed=seed,
                 make_engines=real_engines if real else simulated_engines,
             )
         )
         for rate in rates
+        for seed in seeds
     ]
     if args.json:
-        payload = [r.to_json() for r in results]
+        # The documented one-run object; several seeds also name each run's seed.
+        payload = [{**r.to_json(), "seed": r.seed} if len(seeds) > 1 else r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload))
     else:
         console = Console()
@@ -295,7 +306,7 @@ def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[s
 
 def _table(result: BenchResult) -> Table:
     table = Table(
-        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries "
+        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed {result.seed} "
         f"(critical path {result.critical_path_s:.2f} s)"
     )
     for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):

@@ -44,6 +44,7 @@ class BenchResult:
     rate: float
     queries: int
     critical_path_s: float
+    seed: int = 0
     systems: dict[str, SystemResult] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
@@ -175,7 +176,7 @@ async def bench(
 ) -> BenchResult:
     arrivals = arrival_times(rate, queries, seed)
     cp = await critical_path(workload, time_scale, make_engines=make_engines)
-    result = BenchResult(workload.name, rate, queries, cp)
+    result = BenchResult(workload.name, rate, queries, cp, seed)
     for name in systems:
         result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
     reference = next(iter(result.systems.values())).outputs

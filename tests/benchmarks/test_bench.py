@@ -46,6 +46,16 @@ def test_sweep_writes_a_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> No
     assert "naive_rag at 10.0 q/s" in capsys.readouterr().out
 
 
+def test_several_seeds_run_one_arrival_sequence_each(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--workload", "naive_rag", "--queries", "3", "--rate", "20", "--time-scale", "0.002"]
+    assert main([*argv, "--systems", "teola", "--seeds", "0,1", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["seed"] for r in runs] == [0, 1]
+    assert all(set(r["systems"]) == {"teola"} for r in runs)
+    with pytest.raises(SystemExit, match="give one seed"):
+        main([*argv, "--seeds", "0,1", "--plot", "x.png"])
+
+
 def test_unknown_system_is_named() -> None:
     with pytest.raises(SystemExit, match=r"unknown system\(s\) \['nope'\]"):
         main(["bench", "--systems", "teola,nope", "--queries", "1"])
