@@ -88,13 +88,39 @@ class LoopThread:
             raise
 
     def close(self) -> None:
-        """Stop the loop and join its thread (idempotent)."""
+        """Cancel the loop's remaining tasks, wait for them, stop the loop, join its thread.
+
+        As `asyncio.run` ends its loop: a task still running (a cancelled query's stream
+        winding down, say) runs its cleanup now instead of being destroyed pending when
+        the loop closes. Idempotent.
+        """
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
         if loop is None or thread is None:
             return
+        if thread is threading.current_thread():
+            loop.stop()
+            return
+        asyncio.run_coroutine_threadsafe(_cancel_remaining(loop), loop).result()
         loop.call_soon_threadsafe(loop.stop)
-        if thread is not threading.current_thread():
-            thread.join()
-            loop.close()
+        thread.join()
+        loop.close()
+
+
+async def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel every other task of the loop and wait for them; report their errors as asyncio does."""
+    tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {
+                    "message": "unhandled exception in a task while closing its loop",
+                    "exception": task.exception(),
+                    "task": task,
+                }
+            )
+    await loop.shutdown_asyncgens()
