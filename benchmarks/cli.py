@@ -42,7 +42,8 @@ def add_bench_command(commands: Any) -> None:
         "--seeds",
         type=str,
         default=None,
-        help="--workload: comma-separated seeds, one run per seed and rate (one run is one arrival draw)",
+        help="--workload: comma-separated seeds (instead of --seed), one run per seed and rate "
+        "(one run is one arrival draw)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
@@ -98,6 +99,8 @@ def add_bench_command(commands: Any) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.langchain, args.llamaindex, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex and --agents are exclusive")
+    if args.seeds and (args.langchain or args.llamaindex or args.agents or args.overhead):
+        raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
     if args.agents:
         return run_agents_bench(args)
     args.concurrency = 4 if args.concurrency is None else args.concurrency

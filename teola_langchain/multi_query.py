@@ -66,8 +66,8 @@ def planned_queries(retriever: Any) -> int | None:
     """How many queries to plan pipelining for: 3 with the library's own default prompt."""
     from langchain_classic.retrievers.multi_query import DEFAULT_QUERY_PROMPT
 
-    steps = getattr(retriever.llm_chain, "steps", None)
-    if steps and steps[0] is DEFAULT_QUERY_PROMPT:
+    chain = retriever.llm_chain
+    if class_of(chain) is RunnableSequence and chain.steps[0] is DEFAULT_QUERY_PROMPT:
         return _DEFAULT_PROMPT_QUERIES
     return None
 

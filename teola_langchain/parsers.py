@@ -169,13 +169,20 @@ class _StableItems(ItemParser):
 
     def feed(self, delta: str) -> list[Any]:
         self._text += delta
-        # Items become final when a newline arrives, or (lines) when a visible character
-        # follows one: look again only then.
-        if self._final is _nothing_final or ("\n" not in delta and not (delta.strip() and "\n" in self._text)):
+        # Items become final when a newline arrives, or (line lists) when the first visible
+        # character after one does: look again only then.
+        if self._final is _nothing_final or ("\n" not in delta and not self._opens_a_line(delta)):
             return []
         new = self._final(self._unit, self._text)[len(self._emitted) :]
         self._emitted.extend(new)
         return new
+
+    def _opens_a_line(self, delta: str) -> bool:
+        """Line lists: `delta` holds the first visible character of the text's last line."""
+        if self._final is not _final_lines or not delta.strip():
+            return False
+        before = self._text[: len(self._text) - len(delta)]
+        return "\n" in before and not before[before.rfind("\n") + 1 :].strip()
 
     def close(self) -> list[Any]:
         whole = self._unit.parse(self._text)

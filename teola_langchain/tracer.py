@@ -465,10 +465,12 @@ class GraphTracer:
         return Ref(self._inline(fns.unwrap_single, {"value": hits}, "docs", label))
 
     def multi_query(self, r: Any, sym: Sym, bound: BoundConfigs) -> Sym:
-        plan = decompose(r.retriever)
-        reason = multi_query.why_opaque(r) or (f"inner retriever: {plan}" if isinstance(plan, str) else None)
-        if reason is not None or isinstance(plan, str):
+        reason = multi_query.why_opaque(r)
+        if reason is not None:
             return self.opaque(r, sym, bound, reason)
+        plan = decompose(r.retriever)
+        if isinstance(plan, str):
+            return self.opaque(r, sym, bound, f"inner retriever: {plan}")
         label, inner_label = r.get_name(), r.retriever.get_name()
         question = self.value(sym)
         with self.session.planning(multi_query.planned_queries(r)):

@@ -85,7 +85,7 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
         return response.text if api == "predict" else response
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
-        """A pipelined decode's text deltas (completion API only: see the module docstring)."""
+        """A pipelined decode's text deltas (text decodes, api "predict", only: see the module docstring)."""
         api = call.node.config.get("api", "complete")
         if api != "predict":
             raise TypeError(f"{call.node.describe()}: only text decodes (api 'predict') stream, not {api!r}")

@@ -39,7 +39,6 @@ coroutine of the process for the whole generation; Teola's path does not.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -47,11 +46,16 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES, QueryFusi
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
-from teola_core.ir.split_units import ItemParser, SplitUnit
+from teola_core.ir.split_units import ItemParser, Lines, SplitUnit
 from teola_llamaindex.common import QueryContext
 from teola_llamaindex.engines import EngineRegistry, needs_embedding
-from teola_llamaindex.retrieval import decomposable, resolve_objects, trace_retrieval
+from teola_llamaindex.retrieval import as_bundles, decomposable, only, resolve_objects, trace_retrieval
 from teola_llamaindex.synthesis import max_tokens_hint
+
+
+def query_lines(text: str) -> list[str]:
+    """`_get_queries`' parse of the model's text, before the cap: lines, stripped, non-empty."""
+    return Lines().parse(text.strip("`"))
 
 
 class FusionQueries(SplitUnit):
@@ -63,8 +67,7 @@ class FusionQueries(SplitUnit):
         self.limit = limit
 
     def parse(self, text: str) -> list[QueryBundle]:
-        lines = [q.strip() for q in text.strip("`").split("\n") if q.strip()]
-        return [QueryBundle(q) for q in lines[: self.limit]]
+        return [QueryBundle(q) for q in query_lines(text)[: self.limit]]
 
     def parser(self) -> ItemParser:
         return _FusionQueriesParser(self.limit)
@@ -130,6 +133,7 @@ def trace_fusion(
         f"original_{i}": trace_retrieval(b, engines, r, bundle, sub_ctx) for i, r in enumerate(fusion._retrievers)
     }
     inputs: dict[str, Value] = {"query": bundle, "ctx": ctx}
+    embedded: dict[str, Value] = {}
     generated = fusion.num_queries - 1
     if generated > 0:
         prompt = b.call(_prompt(fusion.query_gen_prompt, generated), {"query": bundle}, name="prompt", inline=True)
@@ -155,6 +159,8 @@ def trace_fusion(
                 needs_embedding=needs_embedding(r),
                 embedded_queries=True,
             )
+            # SEARCH needs an index input; with embedded queries the engine reads only the
+            # vectors (each one a query with its embedding), so this is the retriever itself.
             index = b.call(_constant(r), {}, name="retriever", inline=True)
             hits[f"generated_{i}"] = b.search(
                 vectors,
@@ -164,13 +170,13 @@ def trace_fusion(
                 items=generated,
                 embedded_queries=True,
             )
-            hits[f"embedded_{i}"] = vectors
-    return b.call(_fuse(fusion), {**inputs, "sub_ctx": sub_ctx, **hits}, name="fuse")
+            embedded[f"embedded_{i}"] = vectors
+    return b.call(_fuse(fusion), {**inputs, "sub_ctx": sub_ctx, **hits, **embedded}, name="fuse")
 
 
 def _as_bundle(query: Any) -> QueryBundle:
     """`retrieve(str)` wraps a string as `BaseRetriever.retrieve` does."""
-    return QueryBundle(query) if isinstance(query, str) else query
+    return only(as_bundles(query))
 
 
 def _sub_context(use_async: bool) -> Callable[[QueryContext], QueryContext]:
@@ -198,6 +204,7 @@ def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
     n = len(fusion._retrievers)
 
     resolvers = [resolve_objects(r) for r in fusion._retrievers]
+    resolve_own = resolve_objects(fusion)
 
     async def fuse(
         query: QueryBundle,
@@ -208,7 +215,7 @@ def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
         **hits: Any,
     ) -> list[NodeWithScore]:
         if text is not None:  # `_get_queries`' print: every line the model wrote, before the cap
-            queries_str = "\n".join(q.strip() for q in text.strip("`").split("\n") if q.strip())
+            queries_str = "\n".join(query_lines(text))
             print(f"Generated queries:\n{queries_str}")
         results: dict[tuple[str, int], list[NodeWithScore]] = {}
         for i in range(n):
@@ -218,15 +225,12 @@ def _fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
                 # The sync sub-retrieval stored the embedding on the bundle it resolves with.
                 bundle = hits[f"embedded_{i}"][j] if sub_ctx.sync else q
                 results[(q.query_str, i)] = await resolvers[i](bundle, hits[f"generated_{i}"][j], sub_ctx)
-        nodes = fused(fusion, results)
-        if ctx.sync:
-            return await asyncio.to_thread(fusion._handle_recursive_retrieval, query, nodes)
-        return await fusion._ahandle_recursive_retrieval(query, nodes)
+        return await resolve_own(query, _fused(fusion, results), ctx)
 
     return fuse
 
 
-def fused(fusion: QueryFusionRetriever, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
+def _fused(fusion: QueryFusionRetriever, results: dict[tuple[str, int], list[NodeWithScore]]) -> list[NodeWithScore]:
     """The end of `QueryFusionRetriever._retrieve`: fuse by mode, keep the top k."""
     top_k = fusion.similarity_top_k
     if fusion.mode == FUSION_MODES.RECIPROCAL_RANK:

@@ -8,9 +8,8 @@
 synthesizer. Traced: the retriever as EMBED + SEARCH when it is a
 `VectorIndexRetriever`, as query generation + per-query EMBED + SEARCH + fusion when it
 is a `QueryFusionRetriever` over those (see `retrievers`; any other retriever is one
-call); each
-reranking postprocessor as a RERANK primitive on its own engine and each local filter
-as one call (see `rerank`: `postprocess_nodes(nodes, query_bundle=...)`, or
+call); each reranking postprocessor as a RERANK primitive on its own engine and each
+local filter as one call (see `rerank`: `postprocess_nodes(nodes, query_bundle=...)`, or
 `apostprocess_nodes` in async queries); the synthesizer as plan + FORMAT + LLM
 primitives for "compact", "simple_summarize" and single-chunk "refine" (see
 `synthesis`), else as one call (`synthesize`/`asynthesize(query=bundle, nodes=nodes)`:

@@ -53,8 +53,8 @@ def trace_retrieval(b: GraphBuilder, engines: EngineRegistry, retriever: Any, qu
         attach_embedding, {"bundles": bundles, "vectors": vectors, "ctx": ctx}, name="attach", inline=True
     )
     hits = b.search(vectors, attached, engine=engines.retriever(retriever), top_k=retriever.similarity_top_k, items=1)
-    nodes = b.call(only, {"hits": hits}, name="nodes", inline=True)
-    bundle = b.call(only, {"hits": attached}, name="bundle_after", inline=True)
+    nodes = b.call(only, {"batch": hits}, name="nodes", inline=True)
+    bundle = b.call(only, {"batch": attached}, name="bundle_after", inline=True)
     return b.call(resolve_objects(retriever), {"bundle": bundle, "nodes": nodes, "ctx": ctx}, name="resolve")
 
 
@@ -67,10 +67,10 @@ def attach_embedding(bundles: list[QueryBundle], vectors: list[Any], ctx: QueryC
     return bundles
 
 
-def only(hits: list[Any]) -> Any:
+def only(batch: list[Any]) -> Any:
     """The single element of a one-element batch (SEARCH's nodes, EMBED's bundle)."""
-    (nodes,) = hits
-    return nodes
+    (element,) = batch
+    return element
 
 
 def resolve_objects(retriever: BaseRetriever) -> Callable[..., Any]:

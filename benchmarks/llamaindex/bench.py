@@ -12,9 +12,9 @@ returns):
   `engine.aquery(q)`;
 - `teola`: the same call on `teola.optimize(app)`.
 
-Before each system one warm-up query (not among the measured ones) runs alone, then
-the servers' prefix cache is emptied. The warm-up's latency is reported as `alone_s`
-(in `server`): one query with the servers to itself, the floor of what the closed loop's
+Before each system a warm-up query (not among the measured ones) runs alone, untimed;
+then, on an emptied prefix cache, the same query runs alone again, timed: `alone_s` (in
+`server`), one query with the servers to itself, the floor of what the closed loop's
 mean can reach, whatever the scheduling (the loop's queries send the same requests to
 the same servers, and contend there). Every answer (as text) must equal LlamaIndex's
 (else `AnswerMismatch`). Needs fastapi, uvicorn and openai.
@@ -112,11 +112,17 @@ async def _measure(
     answers: dict[str, list[Any]] = {}
     alone: dict[str, float] = {}
     async with httpx.AsyncClient() as admin:
-        for name, app in systems.items():
-            began = time.perf_counter()
-            await ask(app, warmup)
-            alone[name] = time.perf_counter() - began
+
+        async def reset() -> None:
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
+
+        for name, app in systems.items():
+            await ask(app, warmup)  # connections, threads, the runtime: not timed
+            await reset()
+            began = time.perf_counter()
+            await ask(app, warmup)  # again, alone, on a cold prefix cache: `alone_s`
+            alone[name] = time.perf_counter() - began
+            await reset()
             latencies[name], answers[name] = await closed_loop(lambda q, a=app: ask(a, q), inputs, concurrency)
     return latencies, answers, alone
 

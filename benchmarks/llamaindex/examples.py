@@ -7,7 +7,7 @@ way, a `QueryFusionRetriever` (the question and 3 generated queries, reciprocal-
 fused) -> answer prompt -> LLM (on 0.12 the plain executor's
 `QueryFusionRetriever.aretrieve` generates the queries with the LLM's sync `complete`,
 on the event loop: concurrent questions wait for each other's generation there, which
-is most of what Teola wins on this example; alone, a question gains ~1.06x).
+is most of what Teola wins on this example; alone, a question gains ~1.09x).
 naive_rag: retrieve -> answer prompt -> LLM.
 The prompts follow the simulated servers' `ExampleResponder` instructions.
 """

@@ -90,9 +90,10 @@ class LoopThread:
     def close(self) -> None:
         """Cancel the loop's remaining tasks, wait for them, stop the loop, join its thread.
 
-        As `asyncio.run` ends its loop: a task still running (a cancelled query's stream
+        Like the end of `asyncio.run`: a task still running (a cancelled query's stream
         winding down, say) runs its cleanup now instead of being destroyed pending when
-        the loop closes. Idempotent.
+        the loop closes. Called from the loop's own thread it can only stop the loop.
+        Idempotent.
         """
         with self._lock:
             loop, thread = self._loop, self._thread
@@ -102,10 +103,12 @@ class LoopThread:
         if thread is threading.current_thread():
             loop.stop()
             return
-        asyncio.run_coroutine_threadsafe(_cancel_remaining(loop), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_remaining(loop), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
 
 
 async def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
@@ -124,3 +127,4 @@ async def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
                 }
             )
     await loop.shutdown_asyncgens()
+    await loop.shutdown_default_executor()

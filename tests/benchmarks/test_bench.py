@@ -54,6 +54,8 @@ def test_several_seeds_run_one_arrival_sequence_each(capsys: pytest.CaptureFixtu
     assert all(set(r["systems"]) == {"teola"} for r in runs)
     with pytest.raises(SystemExit, match="give one seed"):
         main([*argv, "--seeds", "0,1", "--plot", "x.png"])
+    with pytest.raises(SystemExit, match="--seeds is for --workload runs"):
+        main(["bench", "--agents", "--seeds", "0,1"])
 
 
 def test_unknown_system_is_named() -> None:

@@ -62,5 +62,14 @@ def test_bench_fusion_rag_answers_agree_with_the_generation_streamed() -> None:
     result = bench_llamaindex("fusion_rag", queries=3, concurrency=2, time_scale=0.05)
     out = result.to_json()
     assert out["example"] == "fusion_rag" and set(out["systems"]) == {"llamaindex", "teola"}
-    # each query: one generation and one answer per system, plus the two warm-ups' own
-    assert out["server"]["requests"]["completions"] == 2 * 2 * (3 + 1)
+    # per system: the warm-up twice (untimed, then alone) and 3 questions, each a generation and an answer
+    assert out["server"]["requests"]["completions"] == 2 * (2 + 3) * 2
+
+
+def test_the_cli_lists_exactly_the_example_pipelines_and_query_engines() -> None:
+    from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
+    from teola_benchmarks.llamaindex.examples import EXAMPLES
+    from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
+
+    assert set(LLAMAINDEX_EXAMPLES) == set(EXAMPLES) | set(QUERY_ENGINES)
+    assert not set(EXAMPLES) & set(QUERY_ENGINES)
