@@ -7,9 +7,10 @@ Teola runs the first half as an EMBED primitive on the embed model's engine and 
 second as a SEARCH primitive calling `_aretrieve` with the embedding set, so the
 retriever runs only its search; a last step resolves `IndexNode`s as `aretrieve` does,
 with the bundle the library would pass (`resolve_objects`). The same nodes, with the
-embeddings of concurrent queries batched on one engine. (The retriever's own
-retrieval start/end events are not emitted on this path.) Only the exact class `VectorIndexRetriever` is split
-(a subclass may override retrieval); every other retriever is one opaque step.
+embeddings of concurrent queries batched on one engine. (The retriever's own retrieval
+start/end events are not emitted on this path.) Only the exact class
+`VectorIndexRetriever` is split (a subclass may override retrieval); every other
+retriever is one opaque step.
 
 The sync path of the retriever stores the computed embedding on the caller's bundle;
 `attach_embedding` does the same in sync queries so a caller's bundle ends up equal.
