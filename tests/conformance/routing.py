@@ -1,0 +1,169 @@
+"""Shared by the `route_*` pytest plugins: patch top-level calls, record their results.
+
+`route(classes, methods, optimize)` replaces each method of each class with a wrapper:
+outside Teola, a call goes to `optimize(obj)`'s method of the same name (mode "route")
+or to the original (mode "record"); inside a call already routed (nested steps, or
+Teola's own execution) it always takes the original. Either way the call's result (or
+error, or stream chunks) is appended, normalized, to the JSONL file
+`$TEOLA_CONFORMANCE_RECORDS` at the end of the session, so `run.py` can compare routed results with plain ones.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import json
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+MODE = os.environ.get("TEOLA_CONFORMANCE_MODE", "route")
+RECORDS = os.environ.get("TEOLA_CONFORMANCE_RECORDS")
+
+_inside = contextvars.ContextVar("teola_conformance_inside", default=False)
+_current_test: list[str] = [""]
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def set_current_test(nodeid: str) -> None:
+    _current_test[0] = nodeid
+
+
+def normalize(value: Any) -> str:
+    """A comparable text for a result: addresses and UUIDs masked, bounded length."""
+    if isinstance(value, BaseException):
+        text = f"raised {type(value).__name__}: {value}"
+    else:
+        text = repr(value)
+    return _UUID.sub("<uuid>", _ADDRESS.sub("0x?", text))[:4000]
+
+
+_recorded: list[dict[str, Any]] = []
+
+
+def _record(method: str, owner: str, result: Any, teola: bool) -> None:
+    """Kept in memory (the suites forbid blocking I/O on an event loop); written by `flush`."""
+    _recorded.append({"test": _current_test[0], "method": f"{owner}.{method}", "result": normalize(result), "teola": teola})
+
+
+def flush() -> None:
+    """Write the recorded calls to `$TEOLA_CONFORMANCE_RECORDS` (at the end of the session)."""
+    if RECORDS is not None:
+        with open(RECORDS, "w") as f:
+            f.writelines(json.dumps(line) + "\n" for line in _recorded)
+
+
+def route(classes: Iterable[type], methods: Iterable[str], optimize: Callable[[Any], Any]) -> None:
+    """Patch `methods` of `classes` (see the module docstring)."""
+    for cls in classes:
+        for name in methods:
+            original = getattr(cls, name, None)
+            if original is not None:
+                setattr(cls, name, _wrap(cls.__name__, name, original, optimize))
+
+
+def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """(the object whose method runs, the callable) for a top-level call."""
+    if MODE != "route":
+        return None, functools.partial(original, self)
+    token = _inside.set(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fast = optimize(self)
+    finally:
+        _inside.reset(token)
+    return fast, getattr(fast, name)
+
+
+def _ran_on_teola(fast: Any) -> bool:
+    return fast is not None and getattr(fast, "calls_on_graph", 0) > 0
+
+
+def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) -> Any:
+    if inspect.isasyncgenfunction(original):
+
+        @functools.wraps(original)
+        async def agen(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _inside.get():
+                async for x in original(self, *args, **kwargs):
+                    yield x
+                return
+            fast, fn = _target(self, name, original, optimize)
+            chunks: list[Any] = []
+            token = _inside.set(MODE != "route")
+            try:
+                async for x in fn(*args, **kwargs):
+                    chunks.append(x)
+                    yield x
+            except BaseException as exc:
+                _record(name, owner, exc, _ran_on_teola(fast))
+                raise
+            finally:
+                _inside.reset(token)
+            _record(name, owner, chunks, _ran_on_teola(fast))
+
+        return agen
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def coro(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _inside.get():
+                return await original(self, *args, **kwargs)
+            fast, fn = _target(self, name, original, optimize)
+            token = _inside.set(MODE != "route")
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                _record(name, owner, exc, _ran_on_teola(fast))
+                raise
+            finally:
+                _inside.reset(token)
+            _record(name, owner, result, _ran_on_teola(fast))
+            return result
+
+        return coro
+    if inspect.isgeneratorfunction(original):
+
+        @functools.wraps(original)
+        def gen(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _inside.get():
+                yield from original(self, *args, **kwargs)
+                return
+            fast, fn = _target(self, name, original, optimize)
+            chunks: list[Any] = []
+            token = _inside.set(MODE != "route")
+            try:
+                for x in fn(*args, **kwargs):
+                    chunks.append(x)
+                    yield x
+            except BaseException as exc:
+                _record(name, owner, exc, _ran_on_teola(fast))
+                raise
+            finally:
+                _inside.reset(token)
+            _record(name, owner, chunks, _ran_on_teola(fast))
+
+        return gen
+
+    @functools.wraps(original)
+    def plain(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _inside.get():
+            return original(self, *args, **kwargs)
+        fast, fn = _target(self, name, original, optimize)
+        token = _inside.set(MODE != "route")
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            _record(name, owner, exc, _ran_on_teola(fast))
+            raise
+        finally:
+            _inside.reset(token)
+        _record(name, owner, result, _ran_on_teola(fast))
+        return result
+
+    return plain

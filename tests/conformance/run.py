@@ -1,0 +1,204 @@
+"""Run a framework's own test suite plain and routed through `teola.optimize`; list regressions.
+
+    python tests/conformance/run.py langchain            # fetches langchain-core's tests
+    python tests/conformance/run.py langgraph -k pregel
+    python tests/conformance/run.py llamaindex            # the line installed (0.12 or 0.14)
+
+Each suite runs twice in fresh pytest processes with the same interpreter: once with its
+`route_<suite>` plugin in record mode (calls go to the original; results recorded), once
+routed (top-level calls go to `teola.optimize(obj)`; results recorded). A regression is a
+test that passed plain and did not pass routed, or a routed call whose result differs from
+the plain run's (the differential mode). Known, by-design differences live in
+`known_differences.py` with their reason; anything else fails the run (exit 1).
+The suites' own test dependencies are installed by `--install` (CI does this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parents[2] / "shared" / "conformance"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Where a framework's tests come from and how to run them."""
+
+    name: str
+    distribution: str  # whose source release (or shared copy) holds the tests
+    paths: tuple[str, ...]  # test paths inside the source tree
+    test_requirements: tuple[str, ...]
+    pytest_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _llamaindex_paths() -> tuple[str, ...]:
+    common = (
+        "tests/query_engine",
+        "tests/response_synthesizers",
+        "tests/indices/query",
+        "tests/indices/struct_store",
+        "tests/indices/test_loading_graph.py",
+        "tests/chat_engine/test_condense_question.py",
+        "tests/token_predictor",
+        "tests/tools/test_query_engine_tool.py",
+        "tests/tools/test_eval_query_engine_tool.py",
+        "tests/tools/tool_spec/test_load_and_search.py",
+    )
+    if _version("llama-index-core").startswith("0.12"):
+        return ("tests/query_pipeline", *common, "tests/agent/custom")
+    return common
+
+
+SUITES = {
+    "langchain": Suite(
+        name="langchain",
+        distribution="langchain-core",
+        paths=("tests/unit_tests/runnables",),
+        test_requirements=(
+            "syrupy>=5,<6",
+            "pytest-asyncio>=1.3,<2",
+            "freezegun>=1.2.2",
+            "pytest-mock>=3.10",
+            "blockbuster>=1.5.18,<1.6",
+            "responses>=0.25",
+            "pytest-socket>=0.7,<0.9",
+            "grandalf>=0.8",
+        ),
+    ),
+}
+
+
+def _version(distribution: str) -> str:
+    return importlib.metadata.version(distribution)
+
+
+def fetch_source(suite: Suite, cache: Path) -> Path:
+    """The source tree holding the suite's tests, for the installed version of its package."""
+    version = _version(suite.distribution)
+    if suite.name == "llamaindex":
+        line = "v0.12.52" if version.startswith("0.12") else "v0.14.13"
+        tree = SHARED / "llama_index" / line / "llama-index-core"
+        if not tree.is_dir():
+            raise SystemExit(f"conformance: LlamaIndex's tests are not at {tree} (see shared/conformance/README.md)")
+        return tree
+    stem = f"{suite.distribution.replace('-', '_')}-{version}"
+    tree = cache / stem
+    if tree.is_dir():
+        return tree
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(cache)]
+        + [f"{suite.distribution}=={version}"],
+        check=True,
+    )
+    (archive,) = [p for p in cache.glob("*.tar.gz") if p.name.lower().startswith(stem.lower())]
+    with tarfile.open(archive) as tar:
+        tar.extractall(cache, filter="data")
+    return tree
+
+
+@dataclass
+class Run:
+    outcomes: dict[str, str]  # test id -> passed / failed / skipped
+    records: dict[str, list[dict[str, object]]]  # test id -> recorded calls, in order
+
+
+def run_pytest(suite: Suite, tree: Path, mode: str, workdir: Path, extra: list[str]) -> Run:
+    report = workdir / f"{suite.name}-{mode}.xml"
+    records = workdir / f"{suite.name}-{mode}.jsonl"
+    records.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        **suite.env,
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(tree), os.environ.get("PYTHONPATH", "")]),
+        "TEOLA_CONFORMANCE_MODE": mode,
+        "TEOLA_CONFORMANCE_RECORDS": str(records),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", f"route_{suite.name}"]
+    command += ["-o", "addopts=", f"--junitxml={report}", *suite.pytest_args, *suite.paths, *extra]
+    log = workdir / f"{suite.name}-{mode}.log"
+    print(f"== conformance {suite.name} ({mode}): {' '.join(command[3:])} > {log}", flush=True)
+    with log.open("w") as out:
+        subprocess.run(command, cwd=tree, env=env, check=False, stdout=out, stderr=subprocess.STDOUT)
+    lines = log.read_text().strip().splitlines()
+    print(f"   {lines[-1] if lines else '(no output)'}", flush=True)
+    return Run(_outcomes(report), _records(records))
+
+
+def _outcomes(report: Path) -> dict[str, str]:
+    outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        tags = {child.tag for child in case}
+        outcomes[test] = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
+    return outcomes
+
+
+def _records(path: Path) -> dict[str, list[dict[str, object]]]:
+    calls: dict[str, list[dict[str, object]]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            calls.setdefault(record["test"], []).append(record)
+    return calls
+
+
+def compare(plain: Run, routed: Run) -> tuple[list[str], list[str]]:
+    """(tests that regressed, tests whose routed results differ from plain)."""
+    regressed = [t for t, o in plain.outcomes.items() if o == "passed" and routed.outcomes.get(t) != "passed"]
+    differing = []
+    for test, calls in plain.records.items():
+        if routed.outcomes.get(test) != "passed":
+            continue
+        theirs = [c["result"] for c in routed.records.get(test, [])]
+        if [c["result"] for c in calls] != theirs:
+            differing.append(test)
+    return regressed, differing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=sorted(SUITES), help="whose test suite to run")
+    parser.add_argument("--install", action="store_true", help="pip install the suite's test dependencies first")
+    parser.add_argument("--workdir", type=Path, default=None, help="where sources and reports go (default: a temp dir)")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    suite = SUITES[args.suite]
+    if args.install:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *suite.test_requirements], check=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="teola-conformance-"))
+    tree = fetch_source(suite, workdir / "sources")
+    plain = run_pytest(suite, tree, "record", workdir, args.pytest_args)
+    routed = run_pytest(suite, tree, "route", workdir, args.pytest_args)
+    from known_differences import KNOWN
+
+    known = KNOWN.get(suite.name, {})
+    regressed, differing = compare(plain, routed)
+    calls = sum(len(c) for c in routed.records.values())
+    reached = sum(1 for cs in routed.records.values() for c in cs if c.get("teola"))
+    passed = sum(1 for o in plain.outcomes.values() if o == "passed")
+    print(f"== conformance {suite.name}: {passed} tests pass plain; {calls} routed calls, {reached} ran on Teola's graph")
+    failures = 0
+    for title, tests in (("regressed", regressed), ("results differ", differing)):
+        for test in tests:
+            reason = known.get(test)
+            print(f"   {title}: {test}" + (f"  (known: {reason})" if reason else ""))
+            failures += reason is None
+    print(f"== conformance {suite.name}: {failures} unexplained difference(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
