@@ -35,10 +35,7 @@ def set_current_test(nodeid: str) -> None:
 
 def normalize(value: Any) -> str:
     """A comparable text for a result: addresses and UUIDs masked, bounded length."""
-    if isinstance(value, BaseException):
-        text = f"raised {type(value).__name__}: {value}"
-    else:
-        text = repr(value)
+    text = f"raised {type(value).__name__}: {value}" if isinstance(value, BaseException) else repr(value)
     return _UUID.sub("<uuid>", _ADDRESS.sub("0x?", text))[:4000]
 
 
@@ -47,7 +44,8 @@ _recorded: list[dict[str, Any]] = []
 
 def _record(method: str, owner: str, result: Any, teola: bool) -> None:
     """Kept in memory (the suites forbid blocking I/O on an event loop); written by `flush`."""
-    _recorded.append({"test": _current_test[0], "method": f"{owner}.{method}", "result": normalize(result), "teola": teola})
+    test = _current_test[0]
+    _recorded.append({"test": test, "method": f"{owner}.{method}", "result": normalize(result), "teola": teola})
 
 
 def flush() -> None:

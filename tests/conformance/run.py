@@ -98,9 +98,9 @@ def fetch_source(suite: Suite, cache: Path) -> Path:
     if tree.is_dir():
         return tree
     cache.mkdir(parents=True, exist_ok=True)
+    spec = f"{suite.distribution}=={version}"
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(cache)]
-        + [f"{suite.distribution}=={version}"],
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(cache), spec],
         check=True,
     )
     (archive,) = [p for p in cache.glob("*.tar.gz") if p.name.lower().startswith(stem.lower())]
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     calls = sum(len(c) for c in routed.records.values())
     reached = sum(1 for cs in routed.records.values() for c in cs if c.get("teola"))
     passed = sum(1 for o in plain.outcomes.values() if o == "passed")
-    print(f"== conformance {suite.name}: {passed} tests pass plain; {calls} routed calls, {reached} ran on Teola's graph")
+    print(f"== conformance {suite.name}: {passed} tests pass plain; {calls} routed calls, {reached} on Teola's graph")
     failures = 0
     for title, tests in (("regressed", regressed), ("results differ", differing)):
         for test in tests:
