@@ -1,86 +1,117 @@
-"""Per-query state that LangChain steps need but a graph does not carry: their config.
+"""One query's LangChain state: the caller's config and context, and the runs it has open.
 
-A traced graph is built once and shared by every query, so what differs per query —
-the `RunnableConfig` (callbacks, tags, metadata, configurable, ...) and whether the
-caller used a sync or an async method — travels beside the data:
+A traced graph is shared by every query; what differs per query travels in a
+`QueryContext`: user steps get it on the graph input "context", engines on
+`Call.context` (`Runtime.run(..., context=ctx)`).
 
-- user steps (`call` and condition nodes) get the `QueryContext` on a graph input
-  named "context", like any other value;
-- engines get a `Call` whose `query_id` they look up in the `ContextRegistry` that the
-  optimized runnable shares with them (passes rewrite engine nodes freely, so an extra
-  port there would not survive; the query id always does).
+Every step of the original chain runs with the config LangChain would give it. A step
+names where that config comes from with a `StepRef`: the composite run it belongs to
+(`scope`, the id of an open run, or None for the chain's caller), the callback tag that
+composite gives its children (`seq:step:2`, `map:key:context`, ...) and the configs of
+the `RunnableBinding`s around it (`bound`, innermost first). `step_config` computes it
+exactly as the composite does: `patch_config(run.config, callbacks=run.manager.get_child(tag))`,
+then `merge_configs(*bound, ...)` as `RunnableBinding._merge_configs` nests them.
 
-Each step runs with `merge_configs(*bound, query.config)`: `bound` are the configs of
-the `RunnableBinding`s (`with_config`) around the step, innermost first, exactly the
-precedence `RunnableBinding._merge_configs` gives when LangChain nests them.
+    ctx = QueryContext("q1", ensure_config(config), sync=True, caller=contextvars.copy_context())
+    config = ctx.step_config(StepRef("seq", "seq:step:2"))
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import contextvars
+from collections import ChainMap
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any
 from uuid import uuid4
 
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import merge_configs
-
-if TYPE_CHECKING:
-    from teola_core.runtime.base import Runtime
-
+from langchain_core.runnables.config import _set_config_context, merge_configs, patch_config
 
 BoundConfigs = tuple[RunnableConfig, ...]
 
 
 @dataclass(frozen=True)
-class QueryContext:
-    """One query's config and mode, and the runtime it runs on (for nested graphs).
+class StepRef:
+    """Where a step's config comes from (see the module docstring)."""
 
-    sync: the caller used invoke/batch/stream, so user steps take their sync path in a
-    worker thread (`step.invoke`), as LangChain's sync methods do; otherwise `ainvoke`.
+    scope: str | None = None
+    tag: str | None = None
+    bound: BoundConfigs = ()
+
+    def within(self, bound: Sequence[RunnableConfig]) -> StepRef:
+        """The same step seen through more bindings (outer ones come last)."""
+        return replace(self, bound=(*bound, *self.bound)) if bound else self
+
+
+@dataclass
+class OpenRun:
+    """A composite's callback run, open while its children run.
+
+    config: the config the composite runs with (LangChain's `ensure_config(config)`, its
+    `run_id` popped), from which its children's configs derive. manager: its run manager
+    (sync or async, as the caller's method). parent: the scope it was opened in.
+    """
+
+    manager: Any
+    config: RunnableConfig
+    parent: str | None
+    kind: str = "chain"  # or "retriever": which `on_*_end` / `on_*_error` the manager has
+
+    def end(self, output: Any) -> Any:
+        return getattr(self.manager, f"on_{self.kind}_end")(output)
+
+    def error(self, error: BaseException) -> Any:
+        return getattr(self.manager, f"on_{self.kind}_error")(error)
+
+
+@dataclass
+class QueryContext:
+    """One query's config, mode and open runs (see the module docstring).
+
+    sync: the caller used a sync method, so steps take their sync path (`invoke`) in
+    worker threads, as LangChain's sync methods do; otherwise `ainvoke` on the loop.
+    caller: the caller's `contextvars.Context`, copied at the call; every step runs in a
+    fresh copy of it, as every step of the original runs in its caller's context.
+    root_run: a run the caller already opened for the graph's root composite (batch).
     """
 
     query_id: str
     config: RunnableConfig
     sync: bool
-    runtime: Runtime
-    registry: ContextRegistry = field(repr=False, compare=False)
+    caller: contextvars.Context
+    runtime: Any = None
+    runs: MutableMapping[str, OpenRun] = field(default_factory=dict)
+    root_run: OpenRun | None = None
 
-    def step_config(self, bound: Sequence[RunnableConfig] = ()) -> RunnableConfig:
-        """A fresh config for one step (steps may mutate what they are given)."""
-        if bound:
-            return merge_configs(*bound, self.config)
-        return RunnableConfig(**self.config)
+    def step_config(self, ref: StepRef) -> RunnableConfig:
+        """The config LangChain passes to the step `ref` names."""
+        if ref.scope is None:
+            config = RunnableConfig(**self.config)
+        else:
+            run = self.runs[ref.scope]
+            config = patch_config(run.config, callbacks=run.manager.get_child(ref.tag))
+        return merge_configs(*ref.bound, config) if ref.bound else config
 
-    def child(self, config: RunnableConfig | None = None) -> QueryContext:
-        """A context for a nested query (one element of a map), with its own id."""
-        return replace(self, query_id=f"{self.query_id}/{uuid4().hex[:12]}", config=config or self.config)
+    def step_context(self, config: RunnableConfig, ref: StepRef) -> contextvars.Context:
+        """A fresh copy of the caller's context, with `config` set as a composite sets it for its step.
 
+        The chain's own root runs in the caller's context as is (no composite set it).
+        """
+        context = self.caller.copy()
+        if ref.scope is not None or ref.bound:
+            context.run(_set_config_context, config)
+        return context
 
-class ContextRegistry:
-    """Query id -> context, shared by one optimized runnable and its engines."""
+    def own_runs(self) -> MutableMapping[str, OpenRun]:
+        """The runs this query opened (a map element's, not those around the map)."""
+        return self.runs.maps[0] if isinstance(self.runs, ChainMap) else self.runs
 
-    def __init__(self) -> None:
-        self._contexts: dict[str, QueryContext] = {}
+    def child(self) -> QueryContext:
+        """A context for a nested query (one element of a map): its own id and runs.
 
-    def __getitem__(self, query_id: str) -> QueryContext:
-        try:
-            return self._contexts[query_id]
-        except KeyError:
-            raise KeyError(
-                f"no running query {query_id!r}: engines of an optimized runnable serve only its queries"
-            ) from None
-
-    @contextmanager
-    def registered(self, ctx: QueryContext) -> Iterator[QueryContext]:
-        if ctx.query_id in self._contexts:
-            raise ValueError(f"query id {ctx.query_id!r} is already running")
-        self._contexts[ctx.query_id] = ctx
-        try:
-            yield ctx
-        finally:
-            del self._contexts[ctx.query_id]
-
-    def __len__(self) -> int:
-        return len(self._contexts)
+        Its steps still see the runs open around the map (the map's own run included).
+        """
+        return replace(
+            self, query_id=f"{self.query_id}/{uuid4().hex[:12]}", runs=ChainMap({}, self.runs), root_run=None
+        )

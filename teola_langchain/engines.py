@@ -49,10 +49,12 @@ from langchain_core.vectorstores import VectorStore
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet, PerCallEngine
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
-from teola_langchain.context import ContextRegistry
+from teola_langchain import runs
+from teola_langchain.context import QueryContext
 from teola_langchain.openai_server import PrefixWarmer, openai_compatible
 from teola_langchain.parsers import ParserItems, output_text
 from teola_langchain.retrievers import batchable_embeddings, follows_mode
+from teola_langchain.steps import ModelStep
 
 
 class LangChainLLMEngine(OpaqueModelEngine):
@@ -60,29 +62,23 @@ class LangChainLLMEngine(OpaqueModelEngine):
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)  # one call per batch: see the module docstring
 
-    def __init__(
-        self,
-        name: str,
-        model: BaseLanguageModel[Any],
-        contexts: ContextRegistry,
-        warmer: PrefixWarmer | None = None,
-    ) -> None:
+    def __init__(self, name: str, model: BaseLanguageModel[Any], warmer: PrefixWarmer | None = None) -> None:
         self.name = name
         self.model = model
-        self.contexts = contexts
         self.warmer = warmer
 
     def with_warmer(self, warmer: PrefixWarmer | None) -> LangChainLLMEngine:
         """The same model's engine, warming prefixes with `warmer` (None: not at all)."""
-        return LangChainLLMEngine(self.name, self.model, self.contexts, warmer)
+        return LangChainLLMEngine(self.name, self.model, warmer)
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None:
-            await self.warmer.warm(self.model, self._runnable(call), call.inputs["prefix"])
+            await self.warmer.warm(self.model, self._step(call).runnable, call.inputs["prefix"])
         return await super().run_call(call)
 
     async def generate(self, call: Call, prompt: Any) -> Any:
-        return await self._runnable(call).ainvoke(prompt, self._config(call))
+        step = self._step(call)
+        return await runs.invoke_step(_query(call), step.ref, step.runnable, prompt)
 
     def decode_outputs(self, call: Call, output: Any) -> dict[str, Any]:
         unit = call.node.config.get("split_unit")
@@ -91,14 +87,25 @@ class LangChainLLMEngine(OpaqueModelEngine):
         return super().decode_outputs(call, output)
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
-        async for chunk in self._runnable(call).astream(self.prompt_of(call), self._config(call)):
+        step = self._step(call)
+        ctx = _query(call)
+        config = ctx.step_config(step.ref)
+        async for chunk in step.runnable.astream(self.prompt_of(call), config):
             yield output_text(chunk) if isinstance(chunk, BaseMessage) else chunk
 
-    def _runnable(self, call: Call) -> Any:
-        return call.node.config.get("runnable", self.model)
+    @staticmethod
+    def _step(call: Call) -> ModelStep:
+        return call.node.config["step"]
 
-    def _config(self, call: Call) -> Any:
-        return self.contexts[call.query_id].step_config(call.node.config.get("bound_config", ()))
+
+def _query(call: Call) -> QueryContext:
+    """The query's LangChain context (`Call.context`), which every framework engine needs."""
+    if not isinstance(call.context, QueryContext):
+        raise TypeError(
+            f"{call.node.describe()}: a LangChain component's engine needs the query's context "
+            f"(got {type(call.context).__name__}); run the graph through the optimized runnable"
+        )
+    return call.context
 
 
 class LangChainEmbeddingEngine(Engine):
@@ -141,16 +148,15 @@ class LangChainVectorStoreEngine(PerCallEngine):
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
 
-    def __init__(self, name: str, store: VectorStore, contexts: ContextRegistry) -> None:
+    def __init__(self, name: str, store: VectorStore) -> None:
         self.name = name
         self.store = store
-        self.contexts = contexts
         self.follows_mode = follows_mode(store)
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         kwargs = dict(call.node.config.get("search_kwargs", {}))
         vectors = call.inputs["vectors"]
-        if self.follows_mode and self.contexts[call.query_id].sync:
+        if self.follows_mode and _query(call).sync:
             search = self.store.similarity_search_by_vector
             hits = await asyncio.gather(*(asyncio.to_thread(search, v, **kwargs) for v in vectors))
         else:
@@ -255,15 +261,14 @@ def _is_vllm_http(engine: object) -> bool:
 class EngineRegistry:
     """One engine per component object, named after its class; builds the `EngineSet`."""
 
-    def __init__(self, contexts: ContextRegistry, choices: EngineChoices | None = None) -> None:
-        self.contexts = contexts
+    def __init__(self, choices: EngineChoices | None = None) -> None:
         self.engines = EngineSet()
         self.choices = choices or EngineChoices()
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
         def make(name: str) -> LangChainLLMEngine:
             warmer = PrefixWarmer.for_model(model) if openai_compatible(model) else None
-            return LangChainLLMEngine(name, model, self.contexts, warmer)
+            return LangChainLLMEngine(name, model, warmer)
 
         return self._get(model, "llm", make)
 
@@ -271,7 +276,7 @@ class EngineRegistry:
         return self._get(embeddings, "embed", lambda name: LangChainEmbeddingEngine(name, embeddings))
 
     def vectorstore(self, store: VectorStore) -> str:
-        return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store, self.contexts))
+        return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
 
     def _get(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
         return self.engines.engine_for(component, role, lambda name: self.choices.engine(component, role, make(name)))

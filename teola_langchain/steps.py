@@ -1,40 +1,118 @@
-"""The functions behind the tracer's `call` and condition nodes.
+"""The functions behind the tracer's user nodes: leaves, composite runs, maps, retrievals.
 
-Two families:
-
-- *structural* functions (`combine`, `merge`, `field`, `pick`, ...) reproduce what a
-  LangChain composition primitive computes, line for line with its source, and run
-  inline: they are cheap and pure.
-- *user* functions (`run_step`, `choose_branch`, `run_map`) run the user's runnables
-  themselves, with the query's config. In a sync query (`invoke`, `batch`, `stream`)
-  the step's `invoke` runs in a worker thread, as LangChain's sync path does; in an
-  async one, its `ainvoke` runs on the loop. Either way the step computes exactly what
-  it computes inside the original chain.
-
-Each factory returns a function taking the node's input ports as keyword arguments.
+Each factory returns an async function taking the node's input ports as keyword
+arguments (`ctx` is the query's `QueryContext`). What each computes is what the LangChain
+code it stands for computes, line for line: see `runs.py` for how steps are invoked and
+how composite runs are opened and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
-from langchain_core.runnables.utils import AddableDict
 
 from teola_core.ir.errors import PrimitiveError
-from teola_langchain.context import BoundConfigs, QueryContext
-from teola_langchain.values import MISSING
+from teola_langchain import runs
+from teola_langchain.context import OpenRun, QueryContext, StepRef
 
 if TYPE_CHECKING:
     from teola_langchain.tracer import SubGraph
 
-
 ASSIGN_NOT_A_DICT = "The input to RunnablePassthrough.assign() must be a dict."
 
+Step = Callable[..., Awaitable[Any]]
 
-# -- structural (inline) ---------------------------------------------------------------
+
+# -- leaves ----------------------------------------------------------------------------
+def leaf(step: Runnable[Any, Any], ref: StepRef) -> Step:
+    """The step's own `invoke`/`ainvoke` with the config its composite gives it."""
+
+    async def run(value: Any, ctx: QueryContext) -> Any:
+        return await runs.invoke_step(ctx, ref, step, value)
+
+    return run
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """What a model's decode calls: the step's runnable (the model, or a binding around it)."""
+
+    runnable: Runnable[Any, Any]
+    ref: StepRef
+
+
+# -- composite runs --------------------------------------------------------------------
+def open_run(scope: str, ref: StepRef, name: str) -> Step:
+    """Open the composite's run for its input, and hand the input on to its children."""
+
+    async def run(value: Any, ctx: QueryContext) -> Any:
+        await runs.open_run(ctx, scope, ref, name, value)
+        return value
+
+    return run
+
+
+def close_run(scope: str) -> Step:
+    async def run(value: Any, ctx: QueryContext) -> Any:
+        return await runs.close_run(ctx, scope, value)
+
+    return run
+
+
+def close_dict(scope: str, keys: Sequence[str]) -> Step:
+    """`RunnableParallel`'s output (a dict in the order of its steps), then its run ends."""
+    ports = [f"p{i}" for i in range(len(keys))]
+
+    async def run(ctx: QueryContext, **parts: Any) -> dict[str, Any]:
+        output = {key: parts[port] for key, port in zip(keys, ports, strict=True)}
+        return await runs.close_run(ctx, scope, output)
+
+    return run
+
+
+def close_merge(scope: str) -> Step:
+    """`RunnableAssign`'s output `{**input, **mapper_output}`, then its run ends."""
+
+    async def run(base: Any, update: Any, ctx: QueryContext) -> dict[str, Any]:
+        return await runs.close_run(ctx, scope, {**base, **update})
+
+    return run
+
+
+def require_dict(value: Any) -> Any:
+    """`RunnableAssign`'s check, made inside its run, before its mapper runs."""
+    if not isinstance(value, dict):
+        raise ValueError(ASSIGN_NOT_A_DICT)
+    return value
+
+
+def choose_branch(conditions: Sequence[Runnable[Any, Any]], scope: str) -> Step:
+    """`RunnableBranch`: the index of the first true condition, else the default's index."""
+
+    async def choose(value: Any, ctx: QueryContext) -> int:
+        for index, condition in enumerate(conditions):
+            if await runs.invoke_step(ctx, StepRef(scope, f"condition:{index + 1}"), condition, value):
+                return index
+        return len(conditions)
+
+    return choose
+
+
+def branch_index(value: int) -> int:
+    return value
+
+
+def identity(value: Any) -> Any:
+    return value
+
+
 def constant(value: Any) -> Callable[[], Any]:
     def const() -> Any:
         return value
@@ -42,152 +120,29 @@ def constant(value: Any) -> Callable[[], Any]:
     return const
 
 
-def combine(keys: Sequence[str]) -> Callable[..., dict[str, Any]]:
-    """`RunnableParallel`'s output: a plain dict in the order of its steps."""
-    ports = [f"p{i}" for i in range(len(keys))]
-
-    def combined(**parts: Any) -> dict[str, Any]:
-        return {key: parts[port] for key, port in zip(keys, ports, strict=True)}
-
-    return combined
-
-
-def merge(keys: Sequence[str]) -> Callable[..., dict[str, Any]]:
-    """`RunnableAssign`'s output `{**value, **mapper_output}` for statically known new keys."""
-    ports = [f"p{i}" for i in range(len(keys))]
-
-    def merged(base: Any, **parts: Any) -> dict[str, Any]:
-        return {**base, **{key: parts[port] for key, port in zip(keys, ports, strict=True)}}
-
-    return merged
+# -- maps ------------------------------------------------------------------------------
+def batches_per_item(body: Runnable[Any, Any]) -> bool:
+    """`body.batch`/`abatch` are `Runnable`'s own: a batch is one `invoke` per item."""
+    own = vars(body)
+    return (
+        type(body).batch is Runnable.batch
+        and type(body).abatch is Runnable.abatch
+        and "batch" not in own
+        and "abatch" not in own
+    )
 
 
-def merge_values(base: Any, update: Any) -> dict[str, Any]:
-    """`{**value, **mapper_output}` when the mapper's output is a single value."""
-    return {**base, **update}
+def run_map(sub: SubGraph) -> Step:
+    """`RunnableEach` over a body whose batch is per item: the body's graph once per element.
 
-
-def require_dict(value: Any) -> Any:
-    """`RunnableAssign`'s check, made before its mapper runs."""
-    if not isinstance(value, dict):
-        raise ValueError(ASSIGN_NOT_A_DICT)
-    return value
-
-
-def get_or_missing(key: str) -> Callable[[Any], Any]:
-    def get(value: Any) -> Any:
-        return value.get(key, MISSING)
-
-    return get
-
-
-def pick_one(key: str) -> Callable[[Any], Any]:
-    """`RunnablePick(keys=str)`: `value.get(key)` after the dict check."""
-
-    def pick(value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise ValueError(ASSIGN_NOT_A_DICT)
-        return value.get(key)
-
-    return pick
-
-
-def pick_many(keys: Sequence[str]) -> Callable[[Any], Any]:
-    """`RunnablePick(keys=list)`: an `AddableDict` of the present keys, or None."""
-    wanted = list(keys)
-
-    def pick(value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise ValueError(ASSIGN_NOT_A_DICT)
-        picked = {k: value.get(k) for k in wanted if k in value}
-        return AddableDict(picked) if picked else None
-
-    return pick
-
-
-def apply(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A pure builtin applied to the value (`operator.itemgetter`)."""
-
-    def applied(value: Any) -> Any:
-        return fn(value)
-
-    return applied
-
-
-def unwrap_single(value: Any) -> Any:
-    """The only element of a one-element list (a single query's search hits)."""
-    (only,) = value
-    return only
-
-
-def as_list(value: Any) -> list[Any]:
-    """A single query as the one-element batch an EMBED primitive takes."""
-    return [value]
-
-
-def identity(value: Any) -> Any:
-    return value
-
-
-def branch_index(value: int) -> int:
-    return value
-
-
-# -- user steps ------------------------------------------------------------------------
-def run_step(step: Runnable[Any, Any], bound: BoundConfigs) -> Callable[..., Awaitable[Any]]:
-    """Run the original runnable on its input with the query's config (sync or async path)."""
-
-    async def run(value: Any, ctx: QueryContext) -> Any:
-        config = ctx.step_config(bound)
-        if ctx.sync:
-            return await asyncio.to_thread(step.invoke, value, config)
-        return await step.ainvoke(value, config)
-
-    return run
-
-
-def choose_branch(conditions: Sequence[Runnable[Any, Any]], bound: BoundConfigs) -> Callable[..., Awaitable[int]]:
-    """`RunnableBranch`: the index of the first true condition, else the default's index.
-
-    Conditions run one after another and stop at the first true one, as in LangChain.
-    """
-
-    async def choose(value: Any, ctx: QueryContext) -> int:
-        for index, condition in enumerate(conditions):
-            config = ctx.step_config(bound)
-            if ctx.sync:
-                result = await asyncio.to_thread(condition.invoke, value, config)
-            else:
-                result = await condition.ainvoke(value, config)
-            if result:
-                return index
-        return len(conditions)
-
-    return choose
-
-
-def run_map(sub: SubGraph, bound: BoundConfigs) -> Callable[..., Awaitable[list[Any]]]:
-    """`RunnableEach`: the traced body once per element, as concurrent queries.
-
-    The elements run on the query's runtime (so their engine calls batch with each
-    other), at most `max_concurrency` at a time when the config sets it, as the body's
-    `batch` would. If elements fail, the first failing element's error is raised.
+    The elements run as nested queries on the query's runtime (so their engine calls batch
+    with each other); as `Runnable.batch` does, the first failing element's error (in
+    element order) is raised once every element has finished.
     """
 
     async def run(value: Any, ctx: QueryContext) -> list[Any]:
-        config = ctx.step_config(bound)
         elements = list(value)
-        limit = config.get("max_concurrency")
-        semaphore = asyncio.Semaphore(limit) if limit else None
-
-        async def one(element: Any) -> Any:
-            child = ctx.child(RunnableConfig(**config))
-            if semaphore is None:
-                return await run_graph(sub, element, child)
-            async with semaphore:
-                return await run_graph(sub, element, child)
-
-        results = await asyncio.gather(*(one(e) for e in elements), return_exceptions=True)
+        results = await asyncio.gather(*(run_graph(sub, e, ctx.child()) for e in elements), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -197,21 +152,95 @@ def run_map(sub: SubGraph, bound: BoundConfigs) -> Callable[..., Awaitable[list[
 
 
 async def run_graph(sub: SubGraph, value: Any, ctx: QueryContext) -> Any:
-    """Run a traced graph for one input; raise the user's own exception if a step fails."""
-    with ctx.registry.registered(ctx):
-        try:
-            outputs = await ctx.runtime.run(sub.graph, {"input": value, "context": ctx}, query_id=ctx.query_id)
-        except PrimitiveError as exc:
-            error = unwrap_error(exc)
-        else:
-            return outputs["output"]
+    """Run a traced graph for one input; on failure close its open runs and raise the step's error."""
+    try:
+        outputs = await ctx.runtime.run(sub.graph, {"input": value, "context": ctx}, query_id=ctx.query_id, context=ctx)
+    except PrimitiveError as exc:
+        error = unwrap_error(exc)
+    except BaseException as exc:
+        error = exc
+    else:
+        return outputs["output"]
+    await runs.fail_runs(ctx, error)
     raise error
 
 
 def unwrap_error(exc: BaseException) -> BaseException:
-    """The exception the user's step raised, with a note naming the step that raised it."""
+    """The exception a step raised (Teola's `PrimitiveError` around it removed)."""
     while isinstance(exc, PrimitiveError):
-        inner = exc.error
-        inner.add_note(f"teola: raised in primitive {exc.node}")
-        exc = inner
+        exc = exc.error
     return exc
+
+
+# -- retrievals ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Retrievals:
+    """Queries whose retriever runs are open (one per query), and where they are kept."""
+
+    queries: list[str]
+    scopes: list[str]
+
+
+def start_retrievals(retriever: BaseRetriever, ref: StepRef, many: bool) -> Step:
+    """Open the retriever's run for each query, as `BaseRetriever.invoke` opens it."""
+
+    async def run(value: Any, ctx: QueryContext) -> Retrievals:
+        queries = list(value) if many else [value]
+        scopes = [f"{ctx.query_id}:{id(retriever)}:{i}:{id(queries)}" for i in range(len(queries))]
+        for query, scope in zip(queries, scopes, strict=True):
+            ctx.runs[scope] = await runs.in_step(
+                ctx,
+                ref,
+                lambda c, q=query: _retriever_start(retriever, c, q),
+                lambda c, q=query: _aretriever_start(retriever, c, q),
+            )
+        return Retrievals(queries, scopes)
+
+    return run
+
+
+def _retriever_manager_args(retriever: BaseRetriever, config: RunnableConfig) -> dict[str, Any]:
+    return {
+        "inheritable_callbacks": config.get("callbacks"),
+        "local_callbacks": None,
+        "verbose": False,
+        "inheritable_tags": config.get("tags"),
+        "local_tags": retriever.tags,
+        "inheritable_metadata": {**(config.get("metadata") or {}), **retriever._get_ls_params()},
+        "local_metadata": retriever.metadata,
+    }
+
+
+def _retriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
+    from langchain_core.runnables.config import ensure_config
+
+    config = ensure_config(config)
+    manager = CallbackManager.configure(**_retriever_manager_args(retriever, config))
+    run = manager.on_retriever_start(None, query, name=config.get("run_name") or retriever.get_name(), run_id=None)
+    return OpenRun(run, config, None, kind="retriever")
+
+
+async def _aretriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
+    from langchain_core.runnables.config import ensure_config
+
+    config = ensure_config(config)
+    manager = AsyncCallbackManager.configure(**_retriever_manager_args(retriever, config))
+    run = await manager.on_retriever_start(
+        None, query, name=config.get("run_name") or retriever.get_name(), run_id=None
+    )
+    return OpenRun(run, config, None, kind="retriever")
+
+
+def queries_of(value: Retrievals) -> list[str]:
+    return value.queries
+
+
+def end_retrievals(many: bool) -> Step:
+    """End each retriever run with its documents; hand on one list, or one list per query."""
+
+    async def run(started: Retrievals, hits: list[list[Document]], ctx: QueryContext) -> Any:
+        for scope, docs in zip(started.scopes, hits, strict=True):
+            await runs.close_run(ctx, scope, docs)
+        return list(hits) if many else hits[0]
+
+    return run

@@ -29,11 +29,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Call:
-    """One primitive invocation: the node, its input values, and whose query it is."""
+    """One primitive invocation: the node, its input values, and whose query it is.
+
+    context: what the query's caller gave `Runtime.run(..., context=)` — per-query state an
+    engine over a framework's object needs (e.g. the caller's callbacks); None otherwise.
+    """
 
     query_id: str
     node: Node
     inputs: Mapping[str, Any]
+    context: Any = field(default=None, compare=False, repr=False)
 
     @property
     def items(self) -> int:

@@ -32,9 +32,15 @@ class ReferenceRuntime(Runtime):
         self._hooks: list[RuntimeHook] = []
 
     async def run(
-        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+        self,
+        graph: Graph,
+        inputs: Mapping[str, Any],
+        *,
+        query_id: str | None = None,
+        arrival: float | None = None,
+        context: Any = None,
     ) -> dict[str, Any]:
-        return await evaluate(graph, inputs, self._engines, query_id or "q0")
+        return await evaluate(graph, inputs, self._engines, query_id or "q0", context)
 
     def add_hook(self, hook: RuntimeHook) -> None:
         self._hooks.append(hook)

@@ -36,9 +36,17 @@ class RuntimeHook(Protocol):
 class Runtime(ABC):
     @abstractmethod
     async def run(
-        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+        self,
+        graph: Graph,
+        inputs: Mapping[str, Any],
+        *,
+        query_id: str | None = None,
+        arrival: float | None = None,
+        context: Any = None,
     ) -> dict[str, Any]:
         """Run one query's graph to completion; return the output node's values.
+
+        `context` travels to the engines on every `Call` of the query (`Call.context`).
 
         `arrival` (runtime clock) orders the query's primitives at the engines as if it
         had arrived then (default: now); the agent runtime gives every call of one agent

@@ -54,6 +54,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from itertools import count
 from typing import Any
 
@@ -121,10 +122,11 @@ class _Stream:
 class _QueryRun:
     """The runtime's side of one running query."""
 
-    __slots__ = ("batches", "future", "ready_at", "streams", "tasks")
+    __slots__ = ("batches", "context", "future", "ready_at", "streams", "tasks")
 
-    def __init__(self, future: asyncio.Future[dict[str, Any]]) -> None:
+    def __init__(self, future: asyncio.Future[dict[str, Any]], context: Any) -> None:
         self.future = future
+        self.context = context  # handed to engines on each of the query's calls
         self.ready_at: dict[str, float] = {}  # node id -> when dispatched
         self.tasks: dict[str, asyncio.Task[None]] = {}  # user nodes running
         self.streams: dict[str, _Stream] = {}  # partial-decode group -> its stream
@@ -207,7 +209,13 @@ class LocalRuntime(Runtime):
         return self._schedulers[engine]
 
     async def run(
-        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+        self,
+        graph: Graph,
+        inputs: Mapping[str, Any],
+        *,
+        query_id: str | None = None,
+        arrival: float | None = None,
+        context: Any = None,
     ) -> dict[str, Any]:
         if self._closed:
             raise RuntimeError("this LocalRuntime is closed")
@@ -216,7 +224,7 @@ class LocalRuntime(Runtime):
             raise ValueError(f"query id {qid!r} is already running")
         depths = self._depths_of(graph)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        run = self._queries[qid] = _QueryRun(future)
+        run = self._queries[qid] = _QueryRun(future, context)
         self._feed(
             QuerySubmitted(query_id=qid, graph=graph, inputs=inputs, depths=depths, now=self._clock(), arrival=arrival)
         )
@@ -388,6 +396,7 @@ class LocalRuntime(Runtime):
 
     def _start(self, batch: RunBatch) -> None:
         now = self._clock()
+        batch = replace(batch, calls=tuple(replace(c, context=self._context_of(c.query_id)) for c in batch.calls))
         query_ids = frozenset(c.query_id for c in batch.calls)
         key = (batch.engine, batch.batch_id)
         for call in batch.calls:
@@ -521,6 +530,10 @@ class LocalRuntime(Runtime):
                 run.batches.discard(key)
         if not self._closed:
             self._to_engine(batch.engine, BatchFinished(batch_id=batch.batch_id, now=self._clock()))
+
+    def _context_of(self, qid: str) -> Any:
+        run = self._queries.get(qid)
+        return None if run is None else run.context
 
     # -- user primitives -------------------------------------------------------------------
     async def _run_user(self, qid: str, run: _QueryRun, node: Node, inputs: Mapping[str, Any]) -> None:

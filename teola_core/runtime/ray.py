@@ -93,9 +93,15 @@ class RayRuntime(Runtime):
         self._own_engines = own_engines
 
     async def run(
-        self, graph: Graph, inputs: Mapping[str, Any], *, query_id: str | None = None, arrival: float | None = None
+        self,
+        graph: Graph,
+        inputs: Mapping[str, Any],
+        *,
+        query_id: str | None = None,
+        arrival: float | None = None,
+        context: Any = None,
     ) -> dict[str, Any]:
-        return await self._local.run(graph, inputs, query_id=query_id, arrival=arrival)
+        return await self._local.run(graph, inputs, query_id=query_id, arrival=arrival, context=context)
 
     def add_hook(self, hook: RuntimeHook) -> None:
         self._local.add_hook(hook)

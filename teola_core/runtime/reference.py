@@ -17,7 +17,9 @@ from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
 from teola_core.ops import decode_chunk, gather_inputs, run_inline, run_user
 
 
-async def evaluate(graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, query_id: str = "q0") -> dict[str, Any]:
+async def evaluate(
+    graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, query_id: str = "q0", context: Any = None
+) -> dict[str, Any]:
     values: dict[tuple[str, str], Any] = {}
     skipped: set[str] = set()
     chosen: dict[str, int] = {}
@@ -43,7 +45,7 @@ async def evaluate(graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, 
             elif node.kind == PrimitiveKind.PARTIAL_DECODE:
                 group = node.config["group"]
                 if group not in streamed:
-                    streamed_text[group], streamed[group] = await _stream(node, args, engines, query_id)
+                    streamed_text[group], streamed[group] = await _stream(node, args, engines, query_id, context)
                 outputs = {"items": decode_chunk(streamed[group], node.config["index"], node.config["count"])}
                 if node.output_port("text") is not None:
                     outputs = {**outputs, "text": streamed_text[group]}
@@ -53,7 +55,7 @@ async def evaluate(graph: Graph, inputs: Mapping[str, Any], engines: EngineSet, 
                 outputs = await run_user(node, args)
             else:
                 assert node.engine is not None
-                outputs = await engines[node.engine].run_one(Call(query_id, node, args))
+                outputs = await engines[node.engine].run_one(Call(query_id, node, args, context))
         except GraphError:
             raise
         except Exception as exc:  # re-raised with the primitive named
@@ -75,11 +77,13 @@ def _skipped(graph: Graph, node_id: str, skipped: set[str], chosen: dict[str, in
     return any(e.src in skipped and e.dst_port not in optional for e in graph.data_in(node_id))
 
 
-async def _stream(node: Any, args: dict[str, Any], engines: EngineSet, query_id: str) -> tuple[str, list[Any]]:
+async def _stream(
+    node: Any, args: dict[str, Any], engines: EngineSet, query_id: str, context: Any
+) -> tuple[str, list[Any]]:
     unit = node.config["split_unit"]
     parser = unit.parser()
     text, items = "", []
-    async for delta in engines[node.engine].stream(Call(query_id, node, args)):
+    async for delta in engines[node.engine].stream(Call(query_id, node, args, context)):
         text += delta
         items.extend(parser.feed(delta))
     items.extend(parser.close())

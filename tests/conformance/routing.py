@@ -22,6 +22,7 @@ from typing import Any
 
 MODE = os.environ.get("TEOLA_CONFORMANCE_MODE", "route")
 RECORDS = os.environ.get("TEOLA_CONFORMANCE_RECORDS")
+OPTIONS: dict[str, Any] = json.loads(os.environ.get("TEOLA_CONFORMANCE_OPTIONS") or "{}")  # for teola.optimize
 
 _inside = contextvars.ContextVar("teola_conformance_inside", default=False)
 _current_test: list[str] = [""]
@@ -61,7 +62,9 @@ def route(classes: Iterable[type], methods: Iterable[str], optimize: Callable[[A
         for name in methods:
             original = getattr(cls, name, None)
             if original is not None:
-                setattr(cls, name, _wrap(cls.__name__, name, original, optimize))
+                wrapper = _wrap(cls.__name__, name, original, optimize)
+                wrapper.__teola_transparent__ = original  # routes, computes nothing else: see teola_langchain.patched
+                setattr(cls, name, wrapper)
 
 
 def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any]) -> tuple[Any, Any]:
@@ -72,7 +75,7 @@ def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any])
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fast = optimize(self)
+            fast = optimize(self, **OPTIONS)
     finally:
         _inside.reset(token)
     return fast, getattr(fast, name)
@@ -82,8 +85,13 @@ def _ran_on_teola(fast: Any) -> bool:
     return fast is not None and getattr(fast, "calls_on_graph", 0) > 0
 
 
+_SYNC_STREAMS = frozenset({"stream", "transform", "stream_events"})
+_ASYNC_STREAMS = frozenset({"astream", "atransform", "astream_log", "astream_events"})
+
+
 def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) -> Any:
-    if inspect.isasyncgenfunction(original):
+    """A wrapper of the same kind as the method: streams by name (some return an iterator)."""
+    if name in _ASYNC_STREAMS or inspect.isasyncgenfunction(original):
 
         @functools.wraps(original)
         async def agen(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,7 +101,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 async for x in fn(*args, **kwargs):
                     chunks.append(x)
@@ -113,7 +121,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
             if _inside.get():
                 return await original(self, *args, **kwargs)
             fast, fn = _target(self, name, original, optimize)
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
@@ -125,7 +133,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
             return result
 
         return coro
-    if inspect.isgeneratorfunction(original):
+    if name in _SYNC_STREAMS or inspect.isgeneratorfunction(original):
 
         @functools.wraps(original)
         def gen(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -134,7 +142,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 for x in fn(*args, **kwargs):
                     chunks.append(x)
@@ -153,7 +161,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
         if _inside.get():
             return original(self, *args, **kwargs)
         fast, fn = _target(self, name, original, optimize)
-        token = _inside.set(MODE != "route")
+        token = _inside.set(True)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:

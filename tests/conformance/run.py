@@ -115,7 +115,7 @@ class Run:
     records: dict[str, list[dict[str, object]]]  # test id -> recorded calls, in order
 
 
-def run_pytest(suite: Suite, tree: Path, mode: str, workdir: Path, extra: list[str]) -> Run:
+def run_pytest(suite: Suite, tree: Path, mode: str, workdir: Path, extra: list[str], options: str = "{}") -> Run:
     report = workdir / f"{suite.name}-{mode}.xml"
     records = workdir / f"{suite.name}-{mode}.jsonl"
     records.unlink(missing_ok=True)
@@ -124,6 +124,7 @@ def run_pytest(suite: Suite, tree: Path, mode: str, workdir: Path, extra: list[s
         **suite.env,
         "PYTHONPATH": os.pathsep.join([str(HERE), str(tree), os.environ.get("PYTHONPATH", "")]),
         "TEOLA_CONFORMANCE_MODE": mode,
+        "TEOLA_CONFORMANCE_OPTIONS": options,
         "TEOLA_CONFORMANCE_RECORDS": str(records),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", f"route_{suite.name}"]
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suite", choices=sorted(SUITES), help="whose test suite to run")
     parser.add_argument("--install", action="store_true", help="pip install the suite's test dependencies first")
     parser.add_argument("--workdir", type=Path, default=None, help="where sources and reports go (default: a temp dir)")
+    parser.add_argument(
+        "--options", default="{}", help='options for teola.optimize, as JSON (e.g. \'{"execution": "graph"}\')'
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     suite = SUITES[args.suite]
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="teola-conformance-"))
     tree = fetch_source(suite, workdir / "sources")
     plain = run_pytest(suite, tree, "record", workdir, args.pytest_args)
-    routed = run_pytest(suite, tree, "route", workdir, args.pytest_args)
+    routed = run_pytest(suite, tree, "route", workdir, args.pytest_args, args.options)
     from known_differences import KNOWN
 
     known = KNOWN.get(suite.name, {})

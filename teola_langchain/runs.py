@@ -1,0 +1,101 @@
+"""Running a chain's steps as LangChain runs them: same methods, configs, contexts and runs.
+
+Leaves (a prompt, a lambda, a parser, an unknown runnable) run through their own public
+method — `invoke` in a worker thread for a sync query, `ainvoke` on the loop for an async
+one — with the config and context vars their composite would give them (`context.py`).
+
+Composites (sequence, parallel, `.assign`, branch, `.map()`) are what Teola executes
+itself, so it opens and closes their callback runs exactly as their code does:
+`on_chain_start(None, input, name=config.get("run_name") or name, run_id=config.pop("run_id"))`
+on the manager `get_callback_manager_for_config(ensure_config(config))` gives, then
+`on_chain_end(output)`. A failed query closes its runs still open with
+`on_chain_error(error)`, innermost first, as the exception would pass through them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    get_callback_manager_for_config,
+)
+
+from teola_langchain.context import OpenRun, QueryContext, StepRef
+
+
+async def invoke_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any) -> Any:
+    """`step.invoke(value, config)` (sync query, worker thread) or `await step.ainvoke(...)`."""
+    config = ctx.step_config(ref)
+    context = ctx.step_context(config, ref)
+    if ctx.sync:
+        return await asyncio.to_thread(context.run, step.invoke, value, config)
+    return await asyncio.get_running_loop().create_task(step.ainvoke(value, config), context=context)
+
+
+async def in_step(
+    ctx: QueryContext,
+    ref: StepRef,
+    sync_fn: Callable[[RunnableConfig], Any],
+    async_fn: Callable[[RunnableConfig], Awaitable[Any]],
+) -> Any:
+    """Run `sync_fn(config)` or `async_fn(config)` as the step `ref` names would run (mode, context)."""
+    config = ctx.step_config(ref)
+    context = ctx.step_context(config, ref)
+    if ctx.sync:
+        return await asyncio.to_thread(context.run, sync_fn, config)
+    return await asyncio.get_running_loop().create_task(async_fn(config), context=context)
+
+
+async def open_run(ctx: QueryContext, scope: str, ref: StepRef, name: str, value: Any) -> None:
+    """Open composite `name`'s run for `value` under `scope` (see the module docstring)."""
+    if ref.scope is None and not ref.bound and ctx.root_run is not None:
+        ctx.runs[scope] = ctx.root_run  # the caller opened it (batch opens every root first)
+        return
+
+    def start(config: RunnableConfig) -> OpenRun:
+        config = ensure_config(config)
+        manager = get_callback_manager_for_config(config)
+        run = manager.on_chain_start(
+            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+        )
+        return OpenRun(run, config, ref.scope)
+
+    async def astart(config: RunnableConfig) -> OpenRun:
+        config = ensure_config(config)
+        manager = get_async_callback_manager_for_config(config)
+        run = await manager.on_chain_start(
+            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+        )
+        return OpenRun(run, config, ref.scope)
+
+    ctx.runs[scope] = await in_step(ctx, ref, start, astart)
+
+
+async def close_run(ctx: QueryContext, scope: str, output: Any) -> Any:
+    """End the run of `scope` with `output` (unless the caller owns it) and hand `output` on."""
+    run = ctx.runs.pop(scope)
+    if run is ctx.root_run:
+        return output
+    if ctx.sync:
+        await asyncio.to_thread(ctx.caller.copy().run, run.end, output)
+    else:
+        await run.end(output)
+    return output
+
+
+async def fail_runs(ctx: QueryContext, error: BaseException) -> None:
+    """Close every run the query still has open with `error`, innermost (latest) first."""
+    own = ctx.own_runs()
+    for scope in reversed(list(own)):
+        run = own.pop(scope)
+        if run is ctx.root_run:
+            continue
+        if ctx.sync:
+            await asyncio.to_thread(ctx.caller.copy().run, run.error, error)
+        else:
+            await run.error(error)
