@@ -28,6 +28,8 @@ from uuid import uuid4
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import _set_config_context, merge_configs, patch_config
 
+from teola_langchain.batching import BatchGroup
+
 BoundConfigs = tuple[RunnableConfig, ...]
 
 
@@ -38,6 +40,7 @@ class StepRef:
     scope: str | None = None
     tag: str | None = None
     bound: BoundConfigs = ()
+    barrier: int | None = None  # a top-level step whose own `batch` a batch() call must use (`batching.py`)
 
     def within(self, bound: Sequence[RunnableConfig]) -> StepRef:
         """The same step seen through more bindings (outer ones come last)."""
@@ -74,6 +77,7 @@ class QueryContext:
     caller: the caller's `contextvars.Context`, copied at the call; every step runs in a
     fresh copy of it, as every step of the original runs in its caller's context.
     root_run: a run the caller already opened for the graph's root composite (batch).
+    batch, batch_index, step: a `batch()` over a sequence (`batching.py`).
     """
 
     query_id: str
@@ -83,15 +87,27 @@ class QueryContext:
     runtime: Any = None
     runs: MutableMapping[str, OpenRun] = field(default_factory=dict)
     root_run: OpenRun | None = None
+    batch: BatchGroup | None = None  # the batch() call this query is input `batch_index` of
+    batch_index: int = 0
+    step: int = 0  # the top-level step of a sequence this query has reached (batch errors)
 
     def step_config(self, ref: StepRef) -> RunnableConfig:
-        """The config LangChain passes to the step `ref` names."""
+        """The config LangChain passes to the step `ref` names.
+
+        Bindings merge in the context their caller set up, as `RunnableBinding` does
+        (`merge_configs` fills absent keys from the context's config).
+        """
         if ref.scope is None:
             config = RunnableConfig(**self.config)
         else:
             run = self.runs[ref.scope]
             config = patch_config(run.config, callbacks=run.manager.get_child(ref.tag))
-        return merge_configs(*ref.bound, config) if ref.bound else config
+        if not ref.bound:
+            return config
+        context = self.caller.copy()
+        if ref.scope is not None:
+            context.run(_set_config_context, config)
+        return context.run(merge_configs, *ref.bound, config)
 
     def step_context(self, config: RunnableConfig, ref: StepRef) -> contextvars.Context:
         """A fresh copy of the caller's context, with `config` set as a composite sets it for its step.
@@ -113,5 +129,9 @@ class QueryContext:
         Its steps still see the runs open around the map (the map's own run included).
         """
         return replace(
-            self, query_id=f"{self.query_id}/{uuid4().hex[:12]}", runs=ChainMap({}, self.runs), root_run=None
+            self,
+            query_id=f"{self.query_id}/{uuid4().hex[:12]}",
+            runs=ChainMap({}, self.runs),
+            root_run=None,
+            batch=None,
         )

@@ -50,6 +50,7 @@ from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
+from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry
@@ -227,8 +228,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         configs = get_config_list(config, len(inputs))
         caller = contextvars.copy_context()
         roots = self._open_roots(inputs, configs) if self._batches_as_sequence else None
-        results = self._thread.run(self._gather(inputs, configs, True, caller, roots))
-        return self._batch_results(results, roots, return_exceptions)
+        results, raised = self._thread.run(self._gather(inputs, configs, True, caller, roots, return_exceptions))
+        return self._batch_results(results, raised, roots)
 
     async def abatch(
         self,
@@ -246,8 +247,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         configs = get_config_list(config, len(inputs))
         caller = contextvars.copy_context()
         roots = await self._aopen_roots(inputs, configs) if self._batches_as_sequence else None
-        results = await self._gather(inputs, configs, False, caller, roots)
-        return await self._abatch_results(results, roots, return_exceptions)
+        results, raised = await self._gather(inputs, configs, False, caller, roots, return_exceptions)
+        return await self._abatch_results(results, raised, roots)
 
     def _open_roots(self, inputs: list[Any], configs: list[RunnableConfig]) -> list[OpenRun]:
         """Every input's sequence run, opened before any step runs (`RunnableSequence.batch`)."""
@@ -281,21 +282,49 @@ class TeolaRunnable(Runnable[Input, Output]):
         sync: bool,
         caller: contextvars.Context,
         roots: list[OpenRun] | None,
-    ) -> list[Any]:
+        return_exceptions: bool,
+    ) -> tuple[list[Any], BaseException | None]:
+        """Every input as a query; (results or errors in place, the error the batch raises)."""
         limit = configs[0].get("max_concurrency")
         semaphore = asyncio.Semaphore(limit) if limit else None
+        group = BatchGroup(len(inputs), return_exceptions) if roots is not None else None
+        runtime = self._runtimes.current()
+        contexts = [
+            QueryContext(
+                uuid4().hex,
+                configs[i],
+                sync,
+                caller.copy(),
+                runtime,
+                root_run=None if roots is None else roots[i],
+                batch=group,
+                batch_index=i,
+            )
+            for i in range(len(inputs))
+        ]
 
         async def one(i: int) -> Any:
-            root = None if roots is None else roots[i]
-            if semaphore is None:
-                return await self._execute(inputs[i], configs[i], sync, caller.copy(), root)
-            async with semaphore:
-                return await self._execute(inputs[i], configs[i], sync, caller.copy(), root)
+            try:
+                if semaphore is None:
+                    return await run_graph(self.plan.main, inputs[i], contexts[i])
+                async with semaphore:
+                    return await run_graph(self.plan.main, inputs[i], contexts[i])
+            except BaseException:
+                if group is not None:
+                    group.leave(i)
+                raise
 
-        return list(await asyncio.gather(*(one(i) for i in range(len(inputs))), return_exceptions=True))
+        results = list(await asyncio.gather(*(one(i) for i in range(len(inputs))), return_exceptions=True))
+        failed = [
+            (contexts[i].step, i)
+            for i, r in enumerate(results)
+            if isinstance(r, BaseException) and (not return_exceptions or not isinstance(r, Exception))
+        ]
+        return results, results[min(failed)[1]] if failed else None
 
-    def _batch_results(self, results: list[Any], roots: list[OpenRun] | None, return_exceptions: bool) -> list[Any]:
-        raised = _raised(results, return_exceptions)
+    def _batch_results(
+        self, results: list[Any], raised: BaseException | None, roots: list[OpenRun] | None
+    ) -> list[Any]:
         if roots is not None:
             for run, result in zip(roots, results, strict=True):
                 error = raised or (result if isinstance(result, BaseException) else None)
@@ -308,9 +337,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         return results
 
     async def _abatch_results(
-        self, results: list[Any], roots: list[OpenRun] | None, return_exceptions: bool
+        self, results: list[Any], raised: BaseException | None, roots: list[OpenRun] | None
     ) -> list[Any]:
-        raised = _raised(results, return_exceptions)
         if roots is not None:
             ends = []
             for run, result in zip(roots, results, strict=True):
@@ -358,14 +386,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _raised(results: list[Any], return_exceptions: bool) -> BaseException | None:
-    """The error a batch raises: the first one in input order (unless errors are returned)."""
-    for result in results:
-        if isinstance(result, BaseException) and (not return_exceptions or not isinstance(result, Exception)):
-            return result
-    return None
 
 
 def _file_name(name: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -29,12 +30,32 @@ from teola_langchain.context import OpenRun, QueryContext, StepRef
 
 
 async def invoke_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any) -> Any:
-    """`step.invoke(value, config)` (sync query, worker thread) or `await step.ainvoke(...)`."""
+    """`step.invoke(value, config)` (sync query, worker thread) or `await step.ainvoke(...)`.
+
+    In a `batch()` over a sequence, a step with its own `batch` runs it once for every
+    input instead (`batching.py`).
+    """
     config = ctx.step_config(ref)
+    if ref.barrier is not None and ctx.batch is not None:
+        return await ctx.batch.join(ref.barrier, ctx.batch_index, value, config, _batch_of(ctx, step))
     context = ctx.step_context(config, ref)
     if ctx.sync:
         return await asyncio.to_thread(context.run, step.invoke, value, config)
     return await asyncio.get_running_loop().create_task(step.ainvoke(value, config), context=context)
+
+
+def _batch_of(ctx: QueryContext, step: Runnable[Any, Any]) -> Any:
+    """`step.batch` (worker thread) or `step.abatch`, as the sequence's batch calls it."""
+    return_exceptions = ctx.batch.return_exceptions if ctx.batch is not None else False
+
+    async def run(values: list[Any], configs: list[RunnableConfig]) -> list[Any]:
+        if ctx.sync:
+            call = partial(step.batch, values, configs, return_exceptions=return_exceptions)
+            return await asyncio.to_thread(ctx.caller.copy().run, call)
+        task = step.abatch(values, configs, return_exceptions=return_exceptions)
+        return await asyncio.get_running_loop().create_task(task, context=ctx.caller.copy())
+
+    return run
 
 
 async def in_step(

@@ -105,6 +105,16 @@ def choose_branch(conditions: Sequence[Runnable[Any, Any]], scope: str) -> Step:
     return choose
 
 
+def reach_step(step: int) -> Step:
+    """Record that the query reached top-level step `step` of its sequence (which error a batch raises)."""
+
+    def reach(value: Any, ctx: QueryContext) -> Any:
+        ctx.step = step
+        return value
+
+    return reach
+
+
 def branch_index(value: int) -> int:
     return value
 
@@ -123,7 +133,7 @@ def constant(value: Any) -> Callable[[], Any]:
 # -- maps ------------------------------------------------------------------------------
 def batches_per_item(body: Runnable[Any, Any]) -> bool:
     """`body.batch`/`abatch` are `Runnable`'s own: a batch is one `invoke` per item."""
-    own = vars(body)
+    own = {**vars(body), **(getattr(body, "__pydantic_extra__", None) or {})}
     return (
         type(body).batch is Runnable.batch
         and type(body).abatch is Runnable.abatch

@@ -27,7 +27,7 @@ ready start of the prompt while the rest is still computed.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any
 
@@ -222,6 +222,12 @@ class GraphTracer:
             return self.leaf(r, sym, ref, None)
         return self.leaf(r, sym, ref, f"Teola does not look into {type(r).__name__}")
 
+    def barrier_step(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef) -> Sym:
+        """A top-level step whose own `batch` a batch() call must run: a model, or one call."""
+        if language_model(r) is not None:
+            return self.model(r, sym, ref)
+        return self.leaf(r, sym, ref, None)
+
     def leaf(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef, reason: str | None) -> Sym:
         if reason is not None:
             self.session.note_opaque(r, reason)
@@ -240,8 +246,18 @@ class GraphTracer:
     def sequence(self, r: RunnableSequence[Any, Any], sym: Sym, ref: StepRef) -> Sym:
         scope, opened = self._open(r, sym, ref)
         current: Sym = _carry(sym, opened)
+        root = ref == StepRef()  # the chain itself: batch() calls it stage by stage (`batching.py`)
         for i, s in enumerate(r.steps):
-            current = self.step(s, current, StepRef(scope, f"seq:step:{i + 1}"))
+            child = StepRef(scope, f"seq:step:{i + 1}")
+            if root:
+                reached = self.b.call(
+                    steps.reach_step(i), {"value": self.whole(current), "ctx": self.ctx}, name="reach", inline=True
+                )
+                current = _carry(current, reached)
+                if not steps.batches_per_item(_unbound(s)):
+                    current = self.barrier_step(s, current, replace(child, barrier=i))
+                    continue
+            current = self.step(s, current, child)
         closed = self._close(r, scope, self.whole(current))
         return _carry(current, closed)
 
@@ -349,6 +365,13 @@ class GraphTracer:
             vectors = self.b.embed(texts, engine=embedder)
             hits = self.b.search(vectors, index, engine=store, top_k=plan.top_k, search_kwargs=plan.search_kwargs)
         return self._user(steps.end_retrievals(many), {"started": started, "hits": hits}, "end", label)
+
+
+def _unbound(r: Runnable[Any, Any]) -> Runnable[Any, Any]:
+    """What a plain binding's `batch` runs: its bound step's `batch`, per item or not."""
+    while is_binding(r) and runs_own_code(r, RunnableBinding):
+        r = r.bound
+    return r
 
 
 def _carry(sym: Sym, value: Value) -> Sym:
