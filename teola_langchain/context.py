@@ -94,28 +94,34 @@ class QueryContext:
     def step_config(self, ref: StepRef) -> RunnableConfig:
         """The config LangChain passes to the step `ref` names.
 
-        Bindings merge in the context their caller set up, as `RunnableBinding` does
-        (`merge_configs` fills absent keys from the context's config).
+        A retriever hands its children only its run's callbacks (`{"callbacks":
+        run_manager.get_child()}`, as the multi-query retriever does); a composite
+        patches its own config. Bindings merge in the context their caller set up, as
+        `RunnableBinding` does (`merge_configs` fills absent keys from the context's config).
         """
         if ref.scope is None:
             config = RunnableConfig(**self.config)
         else:
             run = self.runs[ref.scope]
-            config = patch_config(run.config, callbacks=run.manager.get_child(ref.tag))
+            child = run.manager.get_child(ref.tag)
+            retriever = run.kind == "retriever"
+            config = RunnableConfig(callbacks=child) if retriever else patch_config(run.config, callbacks=child)
         if not ref.bound:
             return config
-        context = self.caller.copy()
-        if ref.scope is not None:
-            context.run(_set_config_context, config)
-        return context.run(merge_configs, *ref.bound, config)
+        return self.step_context(config, replace(ref, bound=())).run(merge_configs, *ref.bound, config)
 
     def step_context(self, config: RunnableConfig, ref: StepRef) -> contextvars.Context:
-        """A fresh copy of the caller's context, with `config` set as a composite sets it for its step.
+        """A fresh copy of the caller's context, set up as the step's composite sets it up.
 
-        The chain's own root runs in the caller's context as is (no composite set it).
+        A composite sets the step's `config` as the context's config; a retriever runs its
+        children in its own context (its caller's config); the chain's own root runs in
+        the caller's context as is.
         """
         context = self.caller.copy()
-        if ref.scope is not None or ref.bound:
+        if ref.scope is not None:
+            run = self.runs[ref.scope]
+            context.run(_set_config_context, run.config if run.kind == "retriever" else config)
+        elif ref.bound:
             context.run(_set_config_context, config)
         return context
 

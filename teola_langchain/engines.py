@@ -43,11 +43,19 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
 from langchain_core.vectorstores import VectorStore
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet, PerCallEngine
+from teola_core.engines.protocol import (
+    Call,
+    CallResult,
+    Engine,
+    EngineLimits,
+    EngineSet,
+    PerCallEngine,
+    StreamResult,
+)
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_langchain import runs
 from teola_langchain.context import QueryContext
@@ -86,12 +94,17 @@ class LangChainLLMEngine(OpaqueModelEngine):
             return {"text": output, "items": unit.parse_output(output)}
         return super().decode_outputs(call, output)
 
-    async def stream(self, call: Call) -> AsyncIterator[str]:
+    async def stream(self, call: Call) -> AsyncIterator[str | StreamResult]:
+        """The model's own stream (decode pipelining): text deltas, then its whole output,
+        as the model's `invoke` returns it when it streams (chunks added up, as a message)."""
         step = self._step(call)
-        ctx = _query(call)
-        config = ctx.step_config(step.ref)
-        async for chunk in step.runnable.astream(self.prompt_of(call), config):
+        total: Any = None
+        async for chunk in runs.stream_step(_query(call), step.ref, step.runnable, self.prompt_of(call)):
+            total = chunk if total is None else total + chunk
             yield output_text(chunk) if isinstance(chunk, BaseMessage) else chunk
+        if isinstance(total, BaseMessageChunk):
+            total = message_chunk_to_message(total)
+        yield StreamResult("" if total is None else total)
 
     @staticmethod
     def _step(call: Call) -> ModelStep:

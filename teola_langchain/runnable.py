@@ -76,6 +76,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         engines: which Teola engine runs a model, embeddings object or vector store of
             the chain: `(component, engine)` pairs, or a function
             `(component, default_engine) -> engine | None` (`engines.EngineChoices`).
+        expected_items: how many items a model followed by a list parser and a `.map()`
+            is expected to write: the plan for decode pipelining (results never depend on it).
         execution: "auto" (the default: calls run on Teola's graph when the chain has a
             model, embedding or search for its engines to schedule, else as LangChain
             runs them) or "graph" (always on the graph, e.g. to check a chain's trace).
@@ -93,6 +95,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         hooks: Sequence[RuntimeHook] = (),
         engines: EngineOption = None,
         execution: str = "auto",
+        expected_items: int | None = None,
     ) -> None:
         if execution not in ("auto", "graph"):
             raise ValueError(f"execution={execution!r}: expected 'auto' or 'graph'")
@@ -105,7 +108,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.policy = policy
         choices = EngineChoices(engines)
         self._engines = EngineRegistry(choices)
-        self.plan: TracedChain = TraceSession(self._engines, warn=warn).trace(original)
+        self.plan: TracedChain = TraceSession(self._engines, warn=warn, expected_items=expected_items).trace(original)
         unused = choices.unused()
         if unused:
             raise ValueError(

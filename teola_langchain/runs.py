@@ -15,7 +15,7 @@ on the manager `get_callback_manager_for_config(ensure_config(config))` gives, t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -58,6 +58,43 @@ def _batch_of(ctx: QueryContext, step: Runnable[Any, Any]) -> Any:
     return run
 
 
+async def stream_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any) -> AsyncIterator[Any]:
+    """The step's chunks from its own `stream` (sync query, worker thread) or `astream`."""
+    config = ctx.step_config(ref)
+    context = ctx.step_context(config, ref)
+    if not ctx.sync:
+        chunks = step.astream(value, config)
+        while True:
+            try:
+                chunk = await asyncio.get_running_loop().create_task(anext(chunks), context=context)  # type: ignore[arg-type]
+            except StopAsyncIteration:
+                return
+            yield chunk
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def produce() -> None:
+        try:
+            for chunk in step.stream(value, config):
+                loop.call_soon_threadsafe(queue.put_nowait, ("chunk", chunk))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+
+    producer = asyncio.ensure_future(asyncio.to_thread(context.run, produce))
+    try:
+        while True:
+            kind, item = await queue.get()
+            if kind == "error":
+                raise item
+            if kind == "end":
+                return
+            yield item
+    finally:
+        await asyncio.shield(producer)
+
+
 async def in_step(
     ctx: QueryContext,
     ref: StepRef,
@@ -72,8 +109,20 @@ async def in_step(
     return await asyncio.get_running_loop().create_task(async_fn(config), context=context)
 
 
-async def open_run(ctx: QueryContext, scope: str, ref: StepRef, name: str, value: Any) -> None:
-    """Open composite `name`'s run for `value` under `scope` (see the module docstring)."""
+NO_INPUTS: Any = object()  # `close_run` without an input to record (the run was opened with it)
+_STREAMING_INPUT = {"input": ""}  # what LangChain's streaming opens a run with before its input exists
+
+
+async def open_run(
+    ctx: QueryContext, scope: str, ref: StepRef, name: str, value: Any, *, streaming: bool = False
+) -> None:
+    """Open composite `name`'s run for `value` under `scope` (see the module docstring).
+
+    streaming: the input is not known yet; open the run as LangChain's streaming does
+    (`{"input": ""}`) and record the input when it ends (`close_run(..., inputs=)`).
+    """
+    if streaming:
+        value = _STREAMING_INPUT
     if ref.scope is None and not ref.bound and ctx.root_run is not None:
         ctx.runs[scope] = ctx.root_run  # the caller opened it (batch opens every root first)
         return
@@ -97,15 +146,16 @@ async def open_run(ctx: QueryContext, scope: str, ref: StepRef, name: str, value
     ctx.runs[scope] = await in_step(ctx, ref, start, astart)
 
 
-async def close_run(ctx: QueryContext, scope: str, output: Any) -> Any:
+async def close_run(ctx: QueryContext, scope: str, output: Any, inputs: Any = NO_INPUTS) -> Any:
     """End the run of `scope` with `output` (unless the caller owns it) and hand `output` on."""
     run = ctx.runs.pop(scope)
     if run is ctx.root_run:
         return output
+    end = run.end if inputs is NO_INPUTS else partial(run.manager.on_chain_end, inputs=inputs)
     if ctx.sync:
-        await asyncio.to_thread(ctx.caller.copy().run, run.end, output)
+        await asyncio.to_thread(ctx.caller.copy().run, end, output)
     else:
-        await run.end(output)
+        await end(output)
     return output
 
 

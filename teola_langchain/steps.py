@@ -11,16 +11,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
+from uuid import uuid4
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import ensure_config
 
 from teola_core.ir.errors import PrimitiveError
 from teola_langchain import runs
 from teola_langchain.context import OpenRun, QueryContext, StepRef
+from teola_langchain.values import MISSING
 
 if TYPE_CHECKING:
     from teola_langchain.tracer import SubGraph
@@ -49,19 +53,25 @@ class ModelStep:
 
 
 # -- composite runs --------------------------------------------------------------------
-def open_run(scope: str, ref: StepRef, name: str) -> Step:
-    """Open the composite's run for its input, and hand the input on to its children."""
+def open_run(scope: str, ref: StepRef, name: str, *, streaming: bool = False) -> Step:
+    """Open the composite's run for its input, and hand the input on to its children.
+
+    streaming: open it before its input exists (it pipelines with the step before), as
+    LangChain's streaming opens a run; `close_run` then gives the input.
+    """
 
     async def run(value: Any, ctx: QueryContext) -> Any:
-        await runs.open_run(ctx, scope, ref, name, value)
+        await runs.open_run(ctx, scope, ref, name, value, streaming=streaming)
         return value
 
     return run
 
 
 def close_run(scope: str) -> Step:
-    async def run(value: Any, ctx: QueryContext) -> Any:
-        return await runs.close_run(ctx, scope, value)
+    """End the run with its output (and its input, for a run opened `streaming`)."""
+
+    async def run(value: Any, ctx: QueryContext, inputs: Any = runs.NO_INPUTS) -> Any:
+        return await runs.close_run(ctx, scope, value, inputs)
 
     return run
 
@@ -123,6 +133,13 @@ def identity(value: Any) -> Any:
     return value
 
 
+def get_or_missing(key: str) -> Callable[[Any], Any]:
+    def get(value: Any) -> Any:
+        return value.get(key, MISSING) if isinstance(value, dict) else MISSING
+
+    return get
+
+
 def constant(value: Any) -> Callable[[], Any]:
     def const() -> Any:
         return value
@@ -182,29 +199,48 @@ def unwrap_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def invoke_items(body: Runnable[Any, Any], ref: StepRef) -> Step:
+    """A map's body on each item (`Runnable.batch`: one `invoke` each), all at once."""
+
+    async def run(items: list[Any], ctx: QueryContext, after: Any = None) -> list[Any]:
+        return list(await asyncio.gather(*(runs.invoke_step(ctx, ref, body, item) for item in items)))
+
+    return run
+
+
+def as_list(value: Any) -> list[Any]:
+    return [value]
+
+
+def only(value: list[Any]) -> Any:
+    (one,) = value
+    return one
+
+
 # -- retrievals ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Retrievals:
-    """Queries whose retriever runs are open (one per query), and where they are kept."""
+class Retrieval:
+    """A query whose retriever run is open (under `scope` in the query's runs)."""
 
-    queries: list[str]
-    scopes: list[str]
+    query: str
+    scope: str
 
 
-def start_retrievals(retriever: BaseRetriever, ref: StepRef, many: bool) -> Step:
+def start_retrievals(retriever: BaseRetriever, ref: StepRef) -> Step:
     """Open the retriever's run for each query, as `BaseRetriever.invoke` opens it."""
 
-    async def run(value: Any, ctx: QueryContext) -> Retrievals:
-        queries = list(value) if many else [value]
-        scopes = [f"{ctx.query_id}:{id(retriever)}:{i}:{id(queries)}" for i in range(len(queries))]
-        for query, scope in zip(queries, scopes, strict=True):
+    async def run(items: list[str], ctx: QueryContext, after: Any = None) -> list[Retrieval]:
+        started = []
+        for query in items:
+            scope = f"retriever:{uuid4().hex}"
             ctx.runs[scope] = await runs.in_step(
                 ctx,
                 ref,
-                lambda c, q=query: _retriever_start(retriever, c, q),
-                lambda c, q=query: _aretriever_start(retriever, c, q),
+                partial(_retriever_start, retriever, query=query),
+                partial(_aretriever_start, retriever, query=query),
             )
-        return Retrievals(queries, scopes)
+            started.append(Retrieval(query, scope))
+        return started
 
     return run
 
@@ -222,8 +258,6 @@ def _retriever_manager_args(retriever: BaseRetriever, config: RunnableConfig) ->
 
 
 def _retriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
-    from langchain_core.runnables.config import ensure_config
-
     config = ensure_config(config)
     manager = CallbackManager.configure(**_retriever_manager_args(retriever, config))
     run = manager.on_retriever_start(None, query, name=config.get("run_name") or retriever.get_name(), run_id=None)
@@ -231,8 +265,6 @@ def _retriever_start(retriever: BaseRetriever, config: RunnableConfig, query: st
 
 
 async def _aretriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
-    from langchain_core.runnables.config import ensure_config
-
     config = ensure_config(config)
     manager = AsyncCallbackManager.configure(**_retriever_manager_args(retriever, config))
     run = await manager.on_retriever_start(
@@ -241,16 +273,32 @@ async def _aretriever_start(retriever: BaseRetriever, config: RunnableConfig, qu
     return OpenRun(run, config, None, kind="retriever")
 
 
-def queries_of(value: Retrievals) -> list[str]:
-    return value.queries
+def open_retriever(retriever: BaseRetriever, scope: str, ref: StepRef) -> Step:
+    """Open one retriever run for the query, as `BaseRetriever.invoke` opens it; hand the query on."""
 
-
-def end_retrievals(many: bool) -> Step:
-    """End each retriever run with its documents; hand on one list, or one list per query."""
-
-    async def run(started: Retrievals, hits: list[list[Document]], ctx: QueryContext) -> Any:
-        for scope, docs in zip(started.scopes, hits, strict=True):
-            await runs.close_run(ctx, scope, docs)
-        return list(hits) if many else hits[0]
+    async def run(value: Any, ctx: QueryContext) -> Any:
+        ctx.runs[scope] = await runs.in_step(
+            ctx,
+            ref,
+            partial(_retriever_start, retriever, query=value),
+            partial(_aretriever_start, retriever, query=value),
+        )
+        return value
 
     return run
+
+
+def as_question(value: Any) -> dict[str, Any]:
+    """What the multi-query retriever hands its `llm_chain`: `{"question": query}`."""
+    return {"question": value}
+
+
+def queries_of(items: list[Retrieval]) -> list[str]:
+    return [r.query for r in items]
+
+
+async def end_retrievals(items: list[Retrieval], hits: list[list[Document]], ctx: QueryContext) -> list[Any]:
+    """End each retriever run with its documents; hand the documents on."""
+    for started, docs in zip(items, hits, strict=True):
+        await runs.close_run(ctx, started.scope, docs)
+    return list(hits)

@@ -49,16 +49,19 @@ from langchain_core.runnables.retry import RunnableRetry
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
-from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
+from teola_core.ir.kinds import Capabilities, MergeMode, PortSpec, PrimitiveKind
+from teola_core.ir.prompt import PromptPlan
 from teola_core.ir.types import PortType
-from teola_langchain import steps
+from teola_langchain import multi_query, steps
 from teola_langchain.classes import class_of
 from teola_langchain.context import StepRef
 from teola_langchain.engines import EngineRegistry
 from teola_langchain.models import is_binding, language_model
+from teola_langchain.parsers import ParserItems, is_recognised, returns_list
 from teola_langchain.patched import runs_own_code
-from teola_langchain.prompts import is_prompt
+from teola_langchain.prompts import describe, is_prompt
 from teola_langchain.retrievers import Decomposition, decompose
+from teola_langchain.values import MISSING
 
 # An LLM's max_tokens when the model does not say: an estimate for scheduling only.
 DEFAULT_MAX_TOKENS = 256
@@ -107,9 +110,14 @@ class TracedChain:
 
 @dataclass(frozen=True)
 class Ref:
-    """A value on one port, as the chain computes it."""
+    """A value on one port, as the chain computes it.
+
+    plan: for a prompt's output, how the prompt is made from separately computed fields
+    (so prefill split can warm its ready start; see `teola_core.ir.prompt.PromptPlan`).
+    """
 
     value: Value
+    plan: PromptPlan | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,8 +140,9 @@ Sym = Ref | DictValue
 class TraceSession:
     """State shared by the graphs of one trace: engines, nested graphs, opaque-step notes."""
 
-    def __init__(self, engines: EngineRegistry, *, warn: bool = True) -> None:
+    def __init__(self, engines: EngineRegistry, *, warn: bool = True, expected_items: int | None = None) -> None:
         self.engines = engines
+        self.expected_items = expected_items
         self.subgraphs: list[SubGraph] = []
         self.opaque: list[str] = []
         self._warn = warn
@@ -232,7 +241,25 @@ class GraphTracer:
         if reason is not None:
             self.session.note_opaque(r, reason)
         label = r.get_name()
-        return Ref(self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label))
+        out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label)
+        return Ref(out, self._prompt_plan(r, sym) if is_prompt(r) else None)
+
+    def _prompt_plan(self, prompt: Any, sym: Sym) -> PromptPlan | None:
+        """Where each of the prompt's variables comes from, when its input is a dict built by the chain."""
+        if not isinstance(sym, DictValue):
+            return None
+        template = describe(prompt)
+        partials = set(prompt.partial_variables)
+        sources = []
+        for var in template.ports:
+            if var in sym.fields:
+                value = sym.fields[var]
+            elif var in partials or not sym.open:
+                value = self.b.call(steps.constant(MISSING), {}, name="missing", inline=True)
+            else:  # the key may come from a dict whose keys are known only at run time
+                value = self.b.call(steps.get_or_missing(var), {"value": sym.whole}, name="field", inline=True)
+            sources.append((var, value.node, value.port))
+        return PromptPlan(template, tuple(sources))
 
     # -- composites ------------------------------------------------------------------
     def _open(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef) -> tuple[str, Value]:
@@ -247,7 +274,10 @@ class GraphTracer:
         scope, opened = self._open(r, sym, ref)
         current: Sym = _carry(sym, opened)
         root = ref == StepRef()  # the chain itself: batch() calls it stage by stage (`batching.py`)
-        for i, s in enumerate(r.steps):
+        chain = list(r.steps)
+        i = 0
+        while i < len(chain):
+            s = chain[i]
             child = StepRef(scope, f"seq:step:{i + 1}")
             if root:
                 reached = self.b.call(
@@ -256,10 +286,60 @@ class GraphTracer:
                 current = _carry(current, reached)
                 if not steps.batches_per_item(_unbound(s)):
                     current = self.barrier_step(s, current, replace(child, barrier=i))
+                    i += 1
                     continue
+            pipelined = self._pipelinable(chain, i)
+            if pipelined is not None:
+                current = self.pipelined(*pipelined, current, scope, i)
+                i += 3
+                continue
             current = self.step(s, current, child)
+            i += 1
         closed = self._close(r, scope, self.whole(current))
         return _carry(current, closed)
+
+    def _pipelinable(self, chain: list[Runnable[Any, Any]], i: int) -> tuple[Any, Any, Any, int] | None:
+        """(model, list parser, map, expected items) when steps i..i+2 can pipeline the model's items."""
+        n = self.session.expected_items
+        if n is None or n < 2 or i + 2 >= len(chain) or language_model(chain[i]) is None:
+            return None
+        model, parser, each = chain[i], chain[i + 1], chain[i + 2]
+        if not (is_recognised(parser) and returns_list(parser)):
+            return None
+        if class_of(each) is not RunnableEach or not runs_own_code(each, RunnableEach):
+            return None
+        body = each.bound
+        decomposable = isinstance(decompose(body) if isinstance(body, BaseRetriever) else None, Decomposition)
+        if not decomposable and not steps.batches_per_item(body):
+            return None
+        return model, parser, each, n
+
+    def pipelined(self, model: Any, parser: Any, each: Any, n: int, sym: Sym, scope: str, i: int) -> Sym:
+        """model | list parser | .map(body): each item goes to the body while the model writes the next.
+
+        The model streams (its own `stream`); the parser runs on its whole output, as
+        always; the map's run opens when the model starts and ends with the parser's list
+        as its input, as LangChain's streaming records a run whose input arrives later.
+        """
+        text, items = self.model(model, sym, StepRef(scope, f"seq:step:{i + 1}"), unit=(ParserItems(parser), n))
+        parsed = self.leaf(parser, Ref(text), StepRef(scope, f"seq:step:{i + 2}"), None)
+        label = each.get_name()
+        each_scope = self._scope(label)
+        opened = self._user(
+            steps.open_run(each_scope, StepRef(scope, f"seq:step:{i + 3}"), label, streaming=True),
+            {"value": self.whole(sym)},
+            "open",
+            label,
+        )
+        element = StepRef(each_scope, None)
+        body = each.bound
+        plan = decompose(body) if isinstance(body, BaseRetriever) else None
+        if isinstance(plan, Decomposition):
+            out = self._retrieve(body, plan, items, element, after=opened)
+        else:
+            out = self._itemwise(steps.invoke_items(body, element), {"items": items, "after": opened}, "map", label)
+        closed = self._user(steps.close_run(each_scope), {"value": out, "inputs": self.whole(parsed)}, "close", label)
+        return Ref(closed)
 
     def parallel(self, r: RunnableParallel[Any], sym: Sym, ref: StepRef) -> Sym:
         scope, opened = self._open(r, sym, ref)
@@ -314,19 +394,24 @@ class GraphTracer:
         scope, opened = self._open(r, sym, ref)
         element = StepRef(scope, None)
         if isinstance(plan, Decomposition):
-            out = self._retrieve(body, plan, opened, element, many=True)
+            out = self._retrieve(body, plan, opened, element, after=opened)
         else:
             sub = self.session.subgraph(f"{self.name}/{r.get_name()}", body, element)
             out = self._user(steps.run_map(sub), {"value": opened}, "map", r.get_name())
         return Ref(self._close(r, scope, out))
 
     # -- components ------------------------------------------------------------------
-    def model(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef) -> Sym:
+    def model(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef, unit: tuple[Any, int] | None = None) -> Any:
+        """PREFILL + DECODE on the model's engine; with `unit` (split unit, expected items)
+        the decode also yields its parsed items, for decode pipelining, and this returns
+        (text, items) values instead of a `Ref`."""
         model = language_model(r)
         assert model is not None
         engine = self.session.engines.llm(model)
         max_tokens = getattr(model, "max_tokens", None)
         config: dict[str, Any] = {"step": steps.ModelStep(r, ref)}
+        if isinstance(sym, Ref) and sym.plan is not None:
+            config["prompt_plan"] = sym.plan
         label = r.get_name()
         prefill = self.b.add(
             PrimitiveKind.PREFILL,
@@ -336,35 +421,112 @@ class GraphTracer:
             label=label,
             config=config,
         )
+        outputs = [PortSpec("text", PortType.TEXT)]
+        caps = None
+        decode_config = {**config, "max_tokens": max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS}
+        if unit is not None:
+            outputs.append(PortSpec("items", PortType.ITEMS))
+            caps = Capabilities(True, True, (), "items", MergeMode.CONCAT)
+            decode_config.update(split_unit=unit[0], expected_items=unit[1])
         decode = self.b.add(
             PrimitiveKind.DECODE,
             {"kv": Value(prefill.id, "kv")},
             engine=engine,
             name=f"{label}.decode",
             label=label,
-            config={**config, "max_tokens": max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS},
-            output_ports=(PortSpec("text", PortType.TEXT),),
+            config=decode_config,
+            output_ports=tuple(outputs),
+            items=None if unit is None else unit[1],
+            caps=caps,
         )
+        if unit is not None:
+            return Value(decode.id, "text"), Value(decode.id, "items")
         return Ref(Value(decode.id, "text"))
 
     def retriever(self, r: BaseRetriever, sym: Sym, ref: StepRef) -> Sym:
+        if multi_query.is_multi_query(r):
+            return self.multi_query(r, sym, ref)
         plan = decompose(r)
         if isinstance(plan, str):
             return self.leaf(r, sym, ref, plan)
-        return Ref(self._retrieve(r, plan, self.whole(sym), ref, many=False))
+        query = self.b.call(steps.as_list, {"value": self.whole(sym)}, name=f"{r.get_name()}.query", inline=True)
+        docs = self._retrieve(r, plan, query, ref, after=self.whole(sym))
+        return Ref(self.b.call(steps.only, {"value": docs}, name=f"{r.get_name()}.docs", inline=True))
 
-    def _retrieve(self, r: BaseRetriever, plan: Decomposition, query: Value, ref: StepRef, *, many: bool) -> Value:
-        """EMBED + SEARCH inside the retriever's own run(s): one query, or one per item (a map)."""
+    def multi_query(self, r: Any, sym: Sym, ref: StepRef) -> Sym:
+        """langchain-classic's `MultiQueryRetriever`, its own calls in its own run (`multi_query.py`).
+
+        Its `llm_chain` runs under the retriever's run; the queries the model writes go to
+        the inner retriever one by one while it writes the next (decode pipelining), and
+        the retriever's own `unique_union` ends it.
+        """
+        reason = multi_query.why_opaque(r)
+        plan = decompose(r.retriever)
+        if reason is None and isinstance(plan, str):
+            reason = f"inner retriever: {plan}"
+        if reason is not None or not isinstance(plan, Decomposition):
+            return self.leaf(r, sym, ref, reason)
+        label = r.get_name()
+        scope = self._scope(label)
+        question = self._user(steps.open_retriever(r, scope, ref), {"value": self.whole(sym)}, "open", label)
+        inside = StepRef(scope, None)  # the retriever hands its calls `{"callbacks": run_manager.get_child()}`
+        chain = r.llm_chain
+        asked = self.b.call(steps.as_question, {"value": question}, name=f"{label}.question", inline=True)
+        chain_scope, opened = self._open(chain, Ref(asked), inside)
+        current: Sym = Ref(opened)
+        parts = list(chain.steps)
+        for j, s in enumerate(parts[:-2]):
+            current = self.step(s, current, StepRef(chain_scope, f"seq:step:{j + 1}"))
+        model, parser = parts[-2], parts[-1]
+        n = self.session.expected_items or multi_query.planned_queries(r)
+        model_ref = StepRef(chain_scope, f"seq:step:{len(parts) - 1}")
+        if n is not None and n >= 2:
+            text, items = self.model(model, current, model_ref, unit=(ParserItems(parser), n))
+            current = Ref(text)
+        else:
+            current, items = self.model(model, current, model_ref), None
+        parsed = self.leaf(parser, current, StepRef(chain_scope, f"seq:step:{len(parts)}"), None)
+        lines = self._close(chain, chain_scope, self.whole(parsed))
+        logged = self.b.call(multi_query.log_queries(r), {"lines": lines}, name=f"{label}.log", inline=True)
+        inputs = {
+            "lines": logged,
+            "generated": self._retrieve(r.retriever, plan, items or logged, inside, after=question),
+        }
+        if r.include_original:
+            one = self.b.call(steps.as_list, {"value": question}, name=f"{label}.original", inline=True)
+            inputs["original"] = self._retrieve(r.retriever, plan, one, inside, after=question)
+            inputs["question"] = question
+        union = self.b.call(multi_query.unique_union(r), inputs, name=f"{label}.unique_union", inline=True)
+        return Ref(self._close(r, scope, union))
+
+    def _retrieve(self, r: BaseRetriever, plan: Decomposition, queries: Value, ref: StepRef, *, after: Value) -> Value:
+        """EMBED + SEARCH of each query inside its own retriever run; item-wise, so it can pipeline."""
         label = r.get_name()
         embedder = self.session.engines.embeddings(plan.embeddings)
         store = self.session.engines.vectorstore(plan.store)
-        started = self._user(steps.start_retrievals(r, ref, many), {"value": query}, "start", label)
-        texts = self.b.call(steps.queries_of, {"value": started}, name=f"{label}.queries", inline=True)
+        started = self._itemwise(steps.start_retrievals(r, ref), {"items": queries, "after": after}, "start", label)
+        texts = self._itemwise(steps.queries_of, {"items": started}, "queries", label, inline=True)
         index = self.b.call(steps.constant(plan.store), {}, name=f"{label}.index", inline=True)
         with self.b.module(label):
             vectors = self.b.embed(texts, engine=embedder)
             hits = self.b.search(vectors, index, engine=store, top_k=plan.top_k, search_kwargs=plan.search_kwargs)
-        return self._user(steps.end_retrievals(many), {"started": started, "hits": hits}, "end", label)
+        return self._itemwise(steps.end_retrievals, {"items": started, "hits": hits}, "end", label)
+
+    def _itemwise(self, fn: Any, inputs: dict[str, Value], name: str, label: str, inline: bool = False) -> Value:
+        """A call on item-aligned lists ("items", "hits"): replicated per part when its input is split."""
+        ports = {**inputs} if inline else {**inputs, "ctx": self.ctx}
+        item_ports = tuple(p for p in ports if p in ("items", "hits"))
+        node = self.b.add(
+            PrimitiveKind.CALL,
+            ports,
+            config={"fn": fn, "inline": inline},
+            input_ports=tuple(PortSpec(p, PortType.ANY) for p in ports),
+            output_ports=(PortSpec("value", PortType.ANY),),
+            name=f"{label}.{name}",
+            label=label,
+            caps=Capabilities(True, True, item_ports, "value", MergeMode.CONCAT),
+        )
+        return Value(node.id, "value")
 
 
 def _unbound(r: Runnable[Any, Any]) -> Runnable[Any, Any]:
@@ -378,7 +540,7 @@ def _carry(sym: Sym, value: Value) -> Sym:
     """`sym` as handed on through `value` (an open/close node): same fields, new whole."""
     if isinstance(sym, DictValue):
         return DictValue(value, sym.fields, sym.open)
-    return Ref(value)
+    return Ref(value, sym.plan)
 
 
 def _is_parser(r: Runnable[Any, Any]) -> bool:

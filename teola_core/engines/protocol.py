@@ -54,6 +54,14 @@ CallResult = Mapping[str, Any] | BaseException
 
 
 @dataclass(frozen=True)
+class StreamResult:
+    """The last item a stream may yield: the decode's whole output, when it is not just the
+    text deltas joined (a framework model's message object). It becomes the "text" output."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
 class EngineLimits:
     """What the engine scheduler must respect.
 
@@ -88,8 +96,8 @@ class Engine(ABC):
             raise result
         return result
 
-    async def stream(self, call: Call) -> AsyncIterator[str]:
-        """Decode as text deltas. Default: run the call and yield its whole text."""
+    async def stream(self, call: Call) -> AsyncIterator[str | StreamResult]:
+        """Decode as text deltas (then, optionally, a `StreamResult`). Default: the whole text."""
         outputs = await self.run_one(call)
         yield outputs["text"]
 

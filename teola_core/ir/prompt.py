@@ -65,3 +65,23 @@ class PromptTemplate:
             else:
                 parts.append(str(values[seg.var]))
         return "".join(parts)
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """How a prompt is made, for a prompt step Teola does not compute itself.
+
+    A framework's prompt object renders the prompt (so its own code and callbacks run);
+    the plan says which template it renders and which node output each variable comes
+    from (`sources`: variable -> (node id, port)), so prefill split can render and warm
+    the ready start of the prompt while the rest is still being computed.
+    """
+
+    template: PromptTemplate
+    sources: tuple[tuple[str, str, str], ...]  # (variable, node id, port)
+
+    def source(self, variable: str) -> tuple[str, str] | None:
+        for var, node, port in self.sources:
+            if var == variable:
+                return node, port
+        return None

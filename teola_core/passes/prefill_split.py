@@ -11,7 +11,10 @@ allows only a prefix: the prompt is never reordered.
     format/prefix(t, prefix_segments=k) -> prefill/partial ┐
     format(t) ------------------------------------------> prefill (full_prefill) -> decode
 
-The full prefill keeps the original id, so its consumers need no rewiring.
+The full prefill keeps the original id, so its consumers need no rewiring. A prompt made
+by a step Teola does not compute (a framework's prompt object, which must run itself)
+carries a `PromptPlan` on its prefill (`config["prompt_plan"]`): the template and where
+each variable comes from; the prefix FORMAT then reads those sources directly.
 
 Latency estimate of a node: `profile.latency(op, items or 1)` for engine primitives
 whose engine has a profile with that op (partial/full prefills use the `prefill`
@@ -23,10 +26,13 @@ curve, partial decodes the `decode` curve); a decode is charged one step per
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from teola_core.ir.graph import Graph, GraphEditor
-from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
+from teola_core.ir.kinds import Placement, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import ControlEdge, DataEdge, Node
+from teola_core.ir.prompt import PromptPlan
+from teola_core.ir.types import PortType
 from teola_core.passes.base import Pass, PassContext
 
 _OP = {
@@ -70,25 +76,39 @@ class PrefillSplit(Pass):
             prefill = graph.nodes[node_id]
             if prefill.kind != PrimitiveKind.PREFILL:
                 continue
-            prompt_edge = next((e for e in graph.data_in(node_id) if e.dst_port == "prompt"), None)
-            if prompt_edge is None or prompt_edge.select is not None:
+            source = self._prompt_source(graph, prefill)
+            if source is None:
                 continue
-            fmt = graph.nodes[prompt_edge.src]
-            if fmt.kind != PrimitiveKind.FORMAT or fmt.config.get("prefix_segments") is not None:
-                continue
+            template, sources, fmt = source
             finish = finish if finish is not None else finish_times(graph, ctx)
-            k = self._ready_prefix(graph, fmt, finish)
+            k = self._ready_prefix(template, {var: finish[node] for var, (node, _) in sources.items()})
             if k is None:
                 continue
             editor = editor or graph.edit()
-            self._rewrite(graph, editor, prefill, fmt, k)
+            self._rewrite(graph, editor, prefill, template, sources, fmt, k)
         return graph if editor is None else editor.freeze()
 
     @staticmethod
-    def _ready_prefix(graph: Graph, fmt: Node, finish: dict[str, float]) -> int | None:
+    def _prompt_source(graph: Graph, prefill: Node) -> tuple[Any, dict[str, tuple[str, str]], Node | None] | None:
+        """(template, variable -> (node, port), the FORMAT node if any) of a prefill's prompt."""
+        plan = prefill.config.get("prompt_plan")
+        if isinstance(plan, PromptPlan):
+            return plan.template, {var: (node, port) for var, node, port in plan.sources}, None
+        prompt_edge = next((e for e in graph.data_in(prefill.id) if e.dst_port == "prompt"), None)
+        if prompt_edge is None or prompt_edge.select is not None:
+            return None
+        fmt = graph.nodes[prompt_edge.src]
+        if fmt.kind != PrimitiveKind.FORMAT or fmt.config.get("prefix_segments") is not None:
+            return None
+        sources = {e.dst_port: (e.src, e.src_port) for e in graph.data_in(fmt.id) if e.select is None}
+        if len(sources) != len(graph.data_in(fmt.id)):
+            return None
+        return fmt.config["template"], sources, fmt
+
+    @staticmethod
+    def _ready_prefix(template: Any, ready: dict[str, float]) -> int | None:
         """How many leading segments are ready before the latest variable (None: no split)."""
-        ready = {e.dst_port: finish[e.src] for e in graph.data_in(fmt.id)}
-        segments = fmt.config["template"].segments
+        segments = template.segments
         if not any(seg.var is not None for seg in segments):
             return None
         latest = max(ready.get(seg.var, 0.0) for seg in segments if seg.var is not None)
@@ -99,21 +119,32 @@ class PrefillSplit(Pass):
             k += 1
         return k if 0 < k < len(segments) else None
 
-    def _rewrite(self, graph: Graph, editor: GraphEditor, prefill: Node, fmt: Node, k: int) -> None:
-        template = fmt.config["template"]
+    def _rewrite(
+        self,
+        graph: Graph,
+        editor: GraphEditor,
+        prefill: Node,
+        template: Any,
+        sources: dict[str, tuple[str, str]],
+        fmt: Node | None,
+        k: int,
+    ) -> None:
         prefix_vars = template.prefix(k).variables
-        prefix_fmt = replace(
-            fmt,
-            id=editor.fresh_id(f"{fmt.id}/prefix"),
-            inputs=tuple(p for p in fmt.inputs if p.name in prefix_vars),
-            config={**fmt.config, "prefix_segments": k},
+        prefix_fmt = Node(
+            id=editor.fresh_id(f"{fmt.id if fmt is not None else prefill.id}/prefix"),
+            kind=PrimitiveKind.FORMAT,
+            inputs=tuple(PortSpec(v, PortType.ANY) for v in prefix_vars),
+            outputs=spec_of(PrimitiveKind.FORMAT).outputs or (),
+            config={"template": template, "prefix_segments": k},
+            module=prefill.module,
+            label=prefill.label,
         )
         editor.add_node(prefix_fmt)
-        for e in graph.data_in(fmt.id):
-            if e.dst_port in prefix_vars:
-                editor.connect(replace(e, dst=prefix_fmt.id))
-        for c in graph.control_in(fmt.id):
-            editor.connect(replace(c, dst=prefix_fmt.id))
+        for var in prefix_vars:
+            node, port = sources[var]
+            editor.connect(DataEdge(node, port, prefix_fmt.id, var))
+        for c in graph.control_in(fmt.id if fmt is not None else prefill.id):
+            editor.connect(ControlEdge(c.src, prefix_fmt.id, c.branch, c.pinned))
 
         partial_spec = spec_of(PrimitiveKind.PARTIAL_PREFILL)
         partial = Node(

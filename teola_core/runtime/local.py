@@ -58,7 +58,7 @@ from dataclasses import replace
 from itertools import count
 from typing import Any
 
-from teola_core.engines.protocol import Call, Engine, EngineSet
+from teola_core.engines.protocol import Call, Engine, EngineSet, StreamResult
 from teola_core.ir.errors import QueryCancelled
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
@@ -470,7 +470,11 @@ class LocalRuntime(Runtime):
     async def _consume(self, engine: Engine, call: Call, stream: _Stream, run: _QueryRun) -> None:
         parser = call.node.config["split_unit"].parser()
         deltas: list[str] = []
+        final: StreamResult | None = None
         async for delta in engine.stream(call):
+            if isinstance(delta, StreamResult):
+                final = delta
+                continue
             deltas.append(delta)
             items = parser.feed(delta)
             if items:
@@ -478,7 +482,7 @@ class LocalRuntime(Runtime):
                 if stream.waiters:
                     self._feed(*self._stream_events(call.query_id, run, stream))
         stream.items.extend(parser.close())
-        stream.text = "".join(deltas)  # only the group's last node hands it on, at the end
+        stream.text = "".join(deltas) if final is None else final.value  # the last node hands it on
 
     def _stream_events(self, qid: str, run: _QueryRun, stream: _Stream) -> list[GraphEvent]:
         """Complete the group's waiting nodes whose chunk exists (or fail them all)."""

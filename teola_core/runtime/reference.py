@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from teola_core.engines.protocol import Call, EngineSet
+from teola_core.engines.protocol import Call, EngineSet, StreamResult
 from teola_core.ir.errors import GraphError, PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
@@ -79,12 +79,16 @@ def _skipped(graph: Graph, node_id: str, skipped: set[str], chosen: dict[str, in
 
 async def _stream(
     node: Any, args: dict[str, Any], engines: EngineSet, query_id: str, context: Any
-) -> tuple[str, list[Any]]:
+) -> tuple[Any, list[Any]]:
     unit = node.config["split_unit"]
     parser = unit.parser()
     text, items = "", []
+    final: Any = None
     async for delta in engines[node.engine].stream(Call(query_id, node, args, context)):
+        if isinstance(delta, StreamResult):
+            final = delta
+            continue
         text += delta
         items.extend(parser.feed(delta))
     items.extend(parser.close())
-    return text, items
+    return (text if final is None else final.value), items
