@@ -43,7 +43,6 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
-from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
 from langchain_core.vectorstores import VectorStore
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
@@ -60,7 +59,7 @@ from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_langchain import runs
 from teola_langchain.context import QueryContext
 from teola_langchain.openai_server import PrefixWarmer, openai_compatible
-from teola_langchain.parsers import ParserItems, output_text
+from teola_langchain.parsers import ParserItems
 from teola_langchain.retrievers import batchable_embeddings, follows_mode
 from teola_langchain.steps import ModelStep
 
@@ -95,16 +94,10 @@ class LangChainLLMEngine(OpaqueModelEngine):
         return super().decode_outputs(call, output)
 
     async def stream(self, call: Call) -> AsyncIterator[str | StreamResult]:
-        """The model's own stream (decode pipelining): text deltas, then its whole output,
-        as the model's `invoke` returns it when it streams (chunks added up, as a message)."""
+        """The model's own call, its text as it is generated (decode pipelining): `runs.invoke_streaming`."""
         step = self._step(call)
-        total: Any = None
-        async for chunk in runs.stream_step(_query(call), step.ref, step.runnable, self.prompt_of(call)):
-            total = chunk if total is None else total + chunk
-            yield output_text(chunk) if isinstance(chunk, BaseMessage) else chunk
-        if isinstance(total, BaseMessageChunk):
-            total = message_chunk_to_message(total)
-        yield StreamResult("" if total is None else total)
+        async for delta in runs.invoke_streaming(_query(call), step.ref, step.runnable, self.prompt_of(call)):
+            yield delta
 
     @staticmethod
     def _step(call: Call) -> ModelStep:

@@ -15,10 +15,11 @@ on the manager `get_callback_manager_for_config(ensure_config(config))` gives, t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
 
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import (
     ensure_config,
@@ -26,6 +27,7 @@ from langchain_core.runnables.config import (
     get_callback_manager_for_config,
 )
 
+from teola_core.engines.protocol import StreamResult
 from teola_langchain.context import OpenRun, QueryContext, StepRef
 
 
@@ -58,41 +60,63 @@ def _batch_of(ctx: QueryContext, step: Runnable[Any, Any]) -> Any:
     return run
 
 
-async def stream_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any) -> AsyncIterator[Any]:
-    """The step's chunks from its own `stream` (sync query, worker thread) or `astream`."""
-    config = ctx.step_config(ref)
-    context = ctx.step_context(config, ref)
-    if not ctx.sync:
-        chunks = step.astream(value, config)
-        while True:
-            try:
-                chunk = await asyncio.get_running_loop().create_task(anext(chunks), context=context)  # type: ignore[arg-type]
-            except StopAsyncIteration:
-                return
-            yield chunk
+async def invoke_streaming(
+    ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any
+) -> AsyncIterator[str | StreamResult]:
+    """The model step's own `invoke`/`ainvoke`, its text as it is generated, then its output.
+
+    A chat model streams inside `invoke` when a streaming callback handler is attached
+    (what LangGraph's message streaming relies on): `TokenTap` is one, added for this
+    call only, so the call and its run are the invoke LangChain makes, and its tokens
+    reach Teola as they come. A model that cannot stream yields its text at the end.
+    """
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    def produce() -> None:
-        try:
-            for chunk in step.stream(value, config):
-                loop.call_soon_threadsafe(queue.put_nowait, ("chunk", chunk))
-        except BaseException as exc:  # handed to the consumer, which raises it
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    tap = TokenTap(lambda token: loop.call_soon_threadsafe(queue.put_nowait, token))
+    config = _with_handler(ctx.step_config(ref), tap)
+    context = ctx.step_context(config, ref)
+    if ctx.sync:
+        call = asyncio.ensure_future(asyncio.to_thread(context.run, step.invoke, value, config))
+    else:
+        call = loop.create_task(step.ainvoke(value, config), context=context)
+    while not call.done() or not queue.empty():
+        token = asyncio.ensure_future(queue.get())
+        await asyncio.wait({token, call}, return_when=asyncio.FIRST_COMPLETED)
+        if token.done():
+            yield token.result()
         else:
-            loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+            token.cancel()
+    yield StreamResult(call.result())
 
-    producer = asyncio.ensure_future(asyncio.to_thread(context.run, produce))
-    try:
-        while True:
-            kind, item = await queue.get()
-            if kind == "error":
-                raise item
-            if kind == "end":
-                return
-            yield item
-    finally:
-        await asyncio.shield(producer)
+
+class TokenTap(BaseCallbackHandler):
+    """Hands each new token of the call it is attached to to `on_token` (see `invoke_streaming`)."""
+
+    run_inline = True  # in the model's own thread or task, in order
+
+    def __init__(self, on_token: Callable[[str], Any]) -> None:
+        self._on_token = on_token
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self._on_token(token)
+
+    def tap_output_iter(self, run_id: Any, output: Iterator[Any]) -> Iterator[Any]:
+        return output  # marks a streaming handler; the tokens come through on_llm_new_token
+
+    def tap_output_aiter(self, run_id: Any, output: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return output
+
+
+def _with_handler(config: RunnableConfig, handler: BaseCallbackHandler) -> RunnableConfig:
+    """`config` with `handler` added for this call only (not inherited by anything it calls)."""
+    callbacks = config.get("callbacks")
+    if isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(handler, inherit=False)
+        callbacks = manager
+    else:
+        callbacks = [*(callbacks or []), handler]
+    return RunnableConfig(**{**config, "callbacks": callbacks})
 
 
 async def in_step(

@@ -149,7 +149,21 @@ def constant(value: Any) -> Callable[[], Any]:
 
 # -- maps ------------------------------------------------------------------------------
 def batches_per_item(body: Runnable[Any, Any]) -> bool:
-    """`body.batch`/`abatch` are `Runnable`'s own: a batch is one `invoke` per item."""
+    """`body.batch(items)` computes `body.invoke(item)` for each item, independently.
+
+    True for `Runnable`'s own `batch`/`abatch`, and for a plain sequence (stage by stage,
+    one run per item) of such steps; False for a step with its own batch (a `BaseLLM`
+    generates all prompts in one call, a fake model hands out answers in list order).
+    """
+    from langchain_core.runnables import RunnableBinding, RunnableSequence
+
+    from teola_langchain.classes import class_of
+    from teola_langchain.patched import runs_own_code
+
+    while class_of(body) in (RunnableBinding,) and runs_own_code(body, RunnableBinding):
+        body = body.bound  # type: ignore[attr-defined]
+    if class_of(body) is RunnableSequence and runs_own_code(body, RunnableSequence):
+        return all(batches_per_item(s) for s in body.steps)  # type: ignore[attr-defined]
     own = {**vars(body), **(getattr(body, "__pydantic_extra__", None) or {})}
     return (
         type(body).batch is Runnable.batch

@@ -57,7 +57,7 @@ from teola_langchain.classes import class_of
 from teola_langchain.context import StepRef
 from teola_langchain.engines import EngineRegistry
 from teola_langchain.models import is_binding, language_model
-from teola_langchain.parsers import ParserItems, is_recognised, returns_list
+from teola_langchain.parsers import ParserItems, is_recognised
 from teola_langchain.patched import runs_own_code
 from teola_langchain.prompts import describe, is_prompt
 from teola_langchain.retrievers import Decomposition, decompose
@@ -284,7 +284,7 @@ class GraphTracer:
                     steps.reach_step(i), {"value": self.whole(current), "ctx": self.ctx}, name="reach", inline=True
                 )
                 current = _carry(current, reached)
-                if not steps.batches_per_item(_unbound(s)):
+                if not steps.batches_per_item(s):
                     current = self.barrier_step(s, current, replace(child, barrier=i))
                     i += 1
                     continue
@@ -304,7 +304,7 @@ class GraphTracer:
         if n is None or n < 2 or i + 2 >= len(chain) or language_model(chain[i]) is None:
             return None
         model, parser, each = chain[i], chain[i + 1], chain[i + 2]
-        if not (is_recognised(parser) and returns_list(parser)):
+        if not is_recognised(parser):  # its result, as a list, is what the map iterates
             return None
         if class_of(each) is not RunnableEach or not runs_own_code(each, RunnableEach):
             return None
@@ -527,13 +527,6 @@ class GraphTracer:
             caps=Capabilities(True, True, item_ports, "value", MergeMode.CONCAT),
         )
         return Value(node.id, "value")
-
-
-def _unbound(r: Runnable[Any, Any]) -> Runnable[Any, Any]:
-    """What a plain binding's `batch` runs: its bound step's `batch`, per item or not."""
-    while is_binding(r) and runs_own_code(r, RunnableBinding):
-        r = r.bound
-    return r
 
 
 def _carry(sym: Sym, value: Value) -> Sym:

@@ -22,6 +22,8 @@ from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
+from langchain_core.tracers.base import BaseTracer
+from langchain_core.tracers.schemas import Run
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from teola import optimize
@@ -153,37 +155,75 @@ def join_chunks(chunks: list[Any]) -> Any:
 MODES = ("invoke", "ainvoke", "batch", "abatch", "stream", "astream")
 
 
-def run_mode(runnable: Runnable[Any, Any], mode: str, inputs: list[Any]) -> Any:
+class RunRecorder(BaseTracer):
+    """Every finished root run, as LangSmith would receive it (a tree of `Run`s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots: list[Run] = []
+
+    def _persist_run(self, run: Run) -> None:
+        self.roots.append(run)
+
+
+def run_tree(run: Run) -> tuple[Any, ...]:
+    """What a trace shows of a run and its children: names, types, tags, inputs, outputs, errors.
+
+    Children are compared as a sorted list (concurrent siblings may start in either order).
+    """
+    error = None if run.error is None else run.error.splitlines()[0]
+    children = sorted((run_tree(c) for c in run.child_runs), key=repr)
+    return (run.name, run.run_type, sorted(run.tags or []), _clean(run.inputs), _clean(run.outputs), error, children)
+
+
+def _clean(value: Any) -> Any:
+    """Run payloads without per-run ids (messages are named after their run), dicts in key order
+    (a streamed parallel adds up its branches' chunks in the order they finish)."""
+    text = repr(_sorted(normalize(value)))
+    return re.sub(r"(run-|lc_run--)[0-9a-f-]{36}(-\d+)?", "<run>", text)
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return sorted((repr(k), _sorted(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def run_mode(runnable: Runnable[Any, Any], mode: str, inputs: list[Any], config: Any = None) -> Any:
     """Outputs of one calling convention, for every input."""
     if mode == "invoke":
-        return [runnable.invoke(x) for x in inputs]
+        return [runnable.invoke(x, config) for x in inputs]
     if mode == "ainvoke":
-        return asyncio.run(_gather(runnable, inputs))
+        return asyncio.run(_gather(runnable, inputs, config))
     if mode == "batch":
-        return runnable.batch(inputs)
+        return runnable.batch(inputs, config)
     if mode == "abatch":
-        return asyncio.run(runnable.abatch(inputs))
+        return asyncio.run(runnable.abatch(inputs, config))
     if mode == "stream":
-        return [list(runnable.stream(x)) for x in inputs]
+        return [list(runnable.stream(x, config)) for x in inputs]
     if mode == "astream":
-        return [asyncio.run(_astream(runnable, x)) for x in inputs]
+        return [asyncio.run(_astream(runnable, x, config)) for x in inputs]
     raise ValueError(mode)
 
 
-async def _gather(runnable: Runnable[Any, Any], inputs: list[Any]) -> list[Any]:
-    return list(await asyncio.gather(*(runnable.ainvoke(x) for x in inputs)))
+async def _gather(runnable: Runnable[Any, Any], inputs: list[Any], config: Any = None) -> list[Any]:
+    return list(await asyncio.gather(*(runnable.ainvoke(x, config) for x in inputs)))
 
 
-async def _astream(runnable: Runnable[Any, Any], x: Any) -> list[Any]:
-    return [chunk async for chunk in runnable.astream(x)]
+async def _astream(runnable: Runnable[Any, Any], x: Any, config: Any = None) -> list[Any]:
+    return [chunk async for chunk in runnable.astream(x, config)]
 
 
-def outcome(runnable: Runnable[Any, Any], mode: str, inputs: list[Any]) -> tuple[str, Any]:
-    """("ok", outputs) or ("raised", the exception type)."""
+def outcome(runnable: Runnable[Any, Any], mode: str, inputs: list[Any]) -> tuple[str, Any, list[Any]]:
+    """("ok", outputs, run trees) or ("raised", the exception type, run trees)."""
+    recorder = RunRecorder()
     try:
-        return "ok", run_mode(runnable, mode, inputs)
+        status, value = "ok", run_mode(runnable, mode, inputs, {"callbacks": [recorder]})
     except Exception as exc:
-        return "raised", type(exc)
+        status, value = "raised", type(exc)
+    return status, value, sorted((run_tree(r) for r in recorder.roots), key=repr)
 
 
 def assert_equivalent(
@@ -193,22 +233,32 @@ def assert_equivalent(
     modes: tuple[str, ...] = MODES,
     fresh: bool = False,
     exact_chunks: bool = False,
+    traces: bool = True,
     **options: Any,
 ) -> None:
     """`optimize(chain)` gives what `chain` gives, for every mode (streams: joined chunks).
 
-    A mode in which the chain raises must raise the same exception type.
+    A mode in which the chain raises must raise the same exception type; the traces
+    (every callback run, as a tree) must be the same. Calls run on Teola's graph
+    (`execution="graph"`) unless `options` say otherwise.
     fresh: build a new chain (and optimized chain) per mode, for stateful fakes.
     exact_chunks: streams must also yield the very same chunks.
     """
+    options = {"execution": "graph", **options}
     chain, fast = build(), optimize(build(), **options)
     try:
         for mode in modes:
             if fresh:
                 fast.close()
                 chain, fast = build(), optimize(build(), **options)
-            (status, expected), (got_status, got) = outcome(chain, mode, inputs), outcome(fast, mode, inputs)
+            (status, expected, runs), (got_status, got, got_runs) = (
+                outcome(chain, mode, inputs),
+                outcome(fast, mode, inputs),
+            )
             assert got_status == status, f"{mode}: {got_status} {got!r}, expected {status} {expected!r}"
+            if traces and (status == "ok" or mode in ("invoke", "stream", "astream")):
+                # (when concurrent queries raise, which of them have ended is a matter of timing)
+                assert got_runs == runs, f"{mode}: the traces differ:\n{_first_difference(runs, got_runs)}"
             if status == "raised":
                 assert got is expected, f"{mode}: raised {got}, expected {expected}"
                 continue
@@ -220,3 +270,15 @@ def assert_equivalent(
             assert normalize(got) == normalize(expected), f"{mode}: {got!r} != {expected!r}"
     finally:
         fast.close()
+
+
+def _first_difference(expected: Any, got: Any, path: str = "") -> str:
+    """Where two run trees first differ, for a readable failure."""
+    if type(expected) is not type(got) or not isinstance(expected, list | tuple):
+        return f"at {path or 'top'}: expected {expected!r}\n     got {got!r}"
+    if len(expected) != len(got):
+        return f"at {path or 'top'}: {len(expected)} entries expected, {len(got)} got: {got!r}"
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+        if a != b:
+            return _first_difference(a, b, f"{path}/{i}")
+    return "(no difference)"

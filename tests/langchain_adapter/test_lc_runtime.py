@@ -65,14 +65,14 @@ def test_async_steps_run_on_the_callers_loop() -> None:
     fast.close()
 
 
-def test_calling_sync_methods_on_the_runnables_own_loop_is_an_error() -> None:
-    fast = optimize(RunnableLambda(lambda x: x))
+def test_a_sync_call_on_a_thread_running_a_loop_runs_as_langchain_runs_it() -> None:
+    fast = optimize(chain())
 
     async def reenter() -> Any:
-        return fast.invoke(1)  # would block the loop that has to run it
+        return fast.invoke({"topic": "cats"}), fast.batch([{"topic": "dogs"}])  # no hand-off that blocks this loop
 
-    with pytest.raises(RuntimeError, match="own event loop"):
-        fast._thread.run(reenter())
+    assert fast._thread.run(reenter()) == (chain().invoke({"topic": "cats"}), chain().batch([{"topic": "dogs"}]))
+    assert fast.calls_on_graph == 0
     fast.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from itertools import pairwise
 from typing import Any
@@ -18,18 +19,19 @@ from langchain_core.output_parsers import (
     NumberedListOutputParser,
 )
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder, PromptTemplate
+from langchain_core.runnables.config import ensure_config
 from lc_fakes import EchoChat
 
-from teola_core.engines.protocol import Call, EngineSet
+from teola_core.engines.protocol import Call, StreamResult
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
-from teola_core.runtime.backends import ReferenceRuntime
 from teola_langchain import LineListOutputParser
-from teola_langchain.context import ContextRegistry, QueryContext
+from teola_langchain.context import QueryContext, StepRef
 from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.parsers import ParserItems
 from teola_langchain.prompts import PromptPrefix, describe, render_prompt
+from teola_langchain.steps import ModelStep
 
 PARSERS = [
     NumberedListOutputParser(),
@@ -153,21 +155,25 @@ def test_string_prompt_prefix() -> None:
 def test_llm_engine_stream_and_decode_agree_with_the_split_unit() -> None:
     model = EchoChat(style="numbered", n_items=4)
     unit = ParserItems(NumberedListOutputParser())
-    registry = ContextRegistry()
-    engine = LangChainLLMEngine("llm", model, registry)
-    node = Node("decode", PrimitiveKind.DECODE, (), (), engine="llm", config={"split_unit": unit, "runnable": model})
+    engine = LangChainLLMEngine("llm", model)
+    step = ModelStep(model, StepRef())
+    node = Node("decode", PrimitiveKind.DECODE, (), (), engine="llm", config={"split_unit": unit, "step": step})
     prompt = ChatPromptTemplate.from_template("list {x}").invoke({"x": "cats"})
-    call = Call("q1", node, {"kv": KVHandle("llm", prompt)})
 
-    async def main() -> tuple[dict[str, Any], list[Any]]:
-        ctx = QueryContext("q1", {}, False, ReferenceRuntime(EngineSet().add(engine)), registry)
-        with registry.registered(ctx):
-            (decoded,) = await engine.run([call])
-            parser = unit.parser()
-            items: list[Any] = []
-            async for delta in engine.stream(call):
+    async def main() -> tuple[dict[str, Any], list[Any], Any]:
+        ctx = QueryContext("q1", ensure_config({}), False, contextvars.copy_context())
+        call = Call("q1", node, {"kv": KVHandle("llm", prompt)}, ctx)
+        (decoded,) = await engine.run([call])
+        parser = unit.parser()
+        items: list[Any] = []
+        final = None
+        async for delta in engine.stream(call):
+            if isinstance(delta, StreamResult):
+                final = delta.value
+            else:
                 items.extend(parser.feed(delta))
-            return decoded, items + parser.close()
+        return decoded, items + parser.close(), final
 
-    decoded, streamed = asyncio.run(main())
+    decoded, streamed, final = asyncio.run(main())
     assert decoded["items"] == streamed == NumberedListOutputParser().invoke(model.invoke(prompt))
+    assert final.content == decoded["text"].content  # the model's own invoke output, streamed or not
