@@ -128,24 +128,57 @@ class LangChainEmbeddingEngine(Engine):
             self.limits = EngineLimits(concurrency=16, max_batch_items=1)
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        texts = [list(c.inputs["texts"]) for c in calls]
-        if self.batches_queries:
-            flat = [t for ts in texts for t in ts]
-            try:
-                vectors = await self.embeddings.aembed_documents(flat) if flat else []
-            except Exception as exc:
-                return [exc for _ in calls]
-            results: list[CallResult] = []
-            start = 0
-            for ts in texts:
-                results.append({"vectors": vectors[start : start + len(ts)]})
-                start += len(ts)
-            return results
-        return list(await asyncio.gather(*(self._queries(ts) for ts in texts), return_exceptions=True))
+        """Each query's texts through the API its caller used: sync methods (in worker
+        threads) for a sync call, async ones otherwise, as LangChain's retriever does."""
+        results: list[CallResult] = [{} for _ in calls]
+        for sync in (True, False):
+            part = [i for i, c in enumerate(calls) if _query(c).sync is sync]
+            if not part:
+                continue
+            texts = [list(calls[i].inputs["texts"]) for i in part]
+            if self.batches_queries:
+                done = await self._together(texts, sync)
+            else:
+                done = list(await asyncio.gather(*(self._each(ts, sync) for ts in texts), return_exceptions=True))
+            for i, result in zip(part, done, strict=True):
+                results[i] = result
+        return results
 
-    async def _queries(self, texts: list[str]) -> dict[str, Any]:
-        vectors = await asyncio.gather(*(self.embeddings.aembed_query(t) for t in texts))
+    async def _together(self, texts: list[list[str]], sync: bool) -> list[CallResult]:
+        """One `embed_documents` for every query of the batch (proven equal: `batchable_embeddings`)."""
+        flat = [t for ts in texts for t in ts]
+        try:
+            if not flat:
+                vectors: list[Any] = []
+            elif sync:
+                vectors = await asyncio.to_thread(self.embeddings.embed_documents, flat)
+            else:
+                vectors = await self.embeddings.aembed_documents(flat)
+        except Exception as exc:
+            return [_own_copy(exc) for _ in texts]
+        results: list[CallResult] = []
+        start = 0
+        for ts in texts:
+            results.append({"vectors": vectors[start : start + len(ts)]})
+            start += len(ts)
+        return results
+
+    async def _each(self, texts: list[str], sync: bool) -> dict[str, Any]:
+        if sync:
+            vectors = await asyncio.gather(*(asyncio.to_thread(self.embeddings.embed_query, t) for t in texts))
+        else:
+            vectors = await asyncio.gather(*(self.embeddings.aembed_query(t) for t in texts))
         return {"vectors": list(vectors)}
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """The error of a batch, once per query (each query's caller may add to its own)."""
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:
+        return exc
+    copy.__cause__ = exc
+    return copy
 
 
 class LangChainVectorStoreEngine(PerCallEngine):
@@ -162,7 +195,7 @@ class LangChainVectorStoreEngine(PerCallEngine):
     async def run_call(self, call: Call) -> dict[str, Any]:
         kwargs = dict(call.node.config.get("search_kwargs", {}))
         vectors = call.inputs["vectors"]
-        if self.follows_mode and _query(call).sync:
+        if _query(call).sync:  # the sync API, as LangChain's sync path calls it
             search = self.store.similarity_search_by_vector
             hits = await asyncio.gather(*(asyncio.to_thread(search, v, **kwargs) for v in vectors))
         else:

@@ -45,6 +45,7 @@ from langchain_core.runnables.config import (
 )
 from langchain_core.runnables.graph import Graph as LCGraph
 
+from teola_core.engines.protocol import EngineSet
 from teola_core.ir.draw import draw_graph
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
@@ -119,7 +120,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.profiles = {**self._engines.engines.profiles(), **(profiles or {})}
         for sub in self.plan.graphs():
             _optimize_graph(sub, passes, self.profiles)
-        self.on_graph = execution == "graph" or self.plan.uses_engines
+        self.why = _what_pays(self.plan, self._engines.engines)
+        self.on_graph = execution == "graph" or bool(self.why)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
         self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks)
         self._thread = LoopThread(f"teola:{self.name}")
@@ -158,12 +160,17 @@ class TeolaRunnable(Runnable[Input, Output]):
         With `png_dir`, each e-graph is also drawn as a PNG there (matplotlib).
         """
         out = [f"Teola plan for {self.name} (backend {self.backend}, policy {self.policy})\n"]
-        how = (
-            "invoke/ainvoke/batch/abatch run on Teola's graph; streams run as LangChain streams the chain"
-            if self.on_graph
-            else "nothing in this chain runs on an engine (no model, embedding or search Teola can schedule): "
-            "every call runs as LangChain runs it"
-        )
+        if self.on_graph:
+            how = (
+                "invoke/ainvoke/batch/abatch run on Teola's graph ("
+                + ("; ".join(self.why) or "execution='graph'")
+                + "); streams run as LangChain streams the chain"
+            )
+        else:
+            how = (
+                "nothing here would run sooner on Teola's graph (no pass applies, no engine batches across "
+                "queries): every call runs as LangChain runs it"
+            )
         out.append(section("execution", how))
         if self.plan.opaque:
             out.append(section("steps run as one call", "\n".join(f"- {o}" for o in self.plan.opaque)))
@@ -378,6 +385,28 @@ class TeolaRunnable(Runnable[Input, Output]):
 
     def astream_events(self, *args: Any, **kwargs: Any) -> Any:
         return self.original.astream_events(*args, **kwargs)
+
+
+_PAYING_PASSES = ("prefill-split", "decode-pipelining", "stage-decomposition")
+
+
+def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
+    """What running on the graph gains over running the chain as LangChain does (empty: nothing).
+
+    A pass that overlaps work, or an engine that batches calls across queries. A chain of
+    framework calls that each run alone gains nothing from being scheduled, so it is not.
+    """
+    gains = [
+        f"{name} on {sub.name}"
+        for sub in plan.graphs()
+        for name in _PAYING_PASSES
+        if any(p == f"applied {name}" for p in sub.passes)
+    ]
+    used = {n.engine for sub in plan.graphs() for n in sub.graph.nodes.values() if n.engine is not None}
+    for name in sorted(used):
+        if engines[name].limits.max_batch_items != 1:
+            gains.append(f"{name} batches calls across queries")
+    return gains
 
 
 def _loop_running() -> bool:

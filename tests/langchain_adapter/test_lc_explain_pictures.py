@@ -30,7 +30,7 @@ def test_explain_draws_each_e_graph(tmp_path: Path) -> None:
 def test_hooks_record_every_primitive_and_plot_a_timeline(tmp_path: Path) -> None:
     recorder = SpanRecorder()
     chain = _chain()
-    fast = optimize(chain, hooks=[recorder])
+    fast = optimize(chain, hooks=[recorder], execution="graph")
     assert fast.invoke({"topic": "cats"}) == chain.invoke({"topic": "cats"})
     kinds = {span.node.kind for span in recorder.spans}
     assert {PrimitiveKind.PREFILL, PrimitiveKind.DECODE} <= kinds
