@@ -14,8 +14,16 @@ def optimize(runnable: Any, **options: Any) -> Any:
     `QueryPipeline`s, `RetrieverQueryEngine`s and `Workflow` subclasses (recognised by the
     package of a class in their MRO): see `teola_llamaindex` (extra `llamaindex`).
     """
-    if any(c.__module__.split(".")[0] in ("llama_index", "workflows") for c in type(runnable).__mro__):
+    packages = {c.__module__.split(".")[0] for c in type(runnable).__mro__}
+    if packages & {"llama_index", "workflows"}:
         return _optimize_llamaindex(runnable, **options)
+    if not (
+        packages & {"langchain_core", "langchain", "langgraph"} or isinstance(runnable, dict) or callable(runnable)
+    ):
+        raise TypeError(
+            f"teola.optimize takes a LangChain runnable (or a dict or function LangChain makes one of), a LangGraph "
+            f"graph, or a LlamaIndex query engine, QueryPipeline, Workflow or agent; got {type(runnable).__name__}"
+        )
     try:
         from teola_langchain.runnable import optimize as optimize_langchain
     except ModuleNotFoundError as exc:

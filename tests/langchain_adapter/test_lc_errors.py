@@ -114,3 +114,11 @@ def test_batch_failures_in_place_and_others_finish(backend: str) -> None:
     with pytest.raises(Boom):
         asyncio.run(fast.abatch(inputs))
     fast.close()
+
+
+@pytest.mark.parametrize("value", [42, "a chain?", None])
+def test_optimize_says_what_it_takes_when_given_something_else(value: Any) -> None:
+    import teola
+
+    with pytest.raises(TypeError, match=f"takes a LangChain runnable.*got {type(value).__name__}"):
+        teola.optimize(value)
