@@ -73,10 +73,11 @@ class EngineOptions:
         for key in ("num_cpus", "num_gpus", "memory", "replica_wait_s"):
             if out.get(key) is not None:
                 out[key] = _amount(out[key], f"{where}: {key}")
-        resources = out.get("resources", {})
-        if not isinstance(resources, Mapping) or not all(isinstance(k, str) for k in resources):
-            raise TypeError(f"{where}: resources must map resource names to amounts, got {resources!r}")
-        out["resources"] = {k: _amount(v, f"{where}: resources[{k!r}]") for k, v in resources.items()}
+        if "resources" in out:
+            resources = out["resources"]
+            if not isinstance(resources, Mapping) or not all(isinstance(k, str) for k in resources):
+                raise TypeError(f"{where}: resources must map resource names to amounts, got {resources!r}")
+            out["resources"] = {k: _amount(v, f"{where}: resources[{k!r}]") for k, v in resources.items()}
         if not isinstance(out.get("in_driver", False), bool):
             raise TypeError(f"{where}: in_driver must be True or False, got {out['in_driver']!r}")
         if not isinstance(out.get("actor_options", {}), Mapping):
