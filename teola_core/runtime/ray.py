@@ -62,6 +62,11 @@ class RayEngines:
         self.pools: dict[str, RayEnginePool] = {}
         for name, engine in engines.engines.items():
             placement = placements[name]
+            if isinstance(engine, RayEnginePool) and name in self.options.engines:
+                raise ValueError(
+                    f"ray=: engine {name!r} is a RayEnginePool built by the app: its own arguments place it, "
+                    "drop it from ray['engines']"
+                )
             if placement is None or isinstance(engine, RayEnginePool):
                 self.engines.add(engine, name)
             else:

@@ -24,7 +24,7 @@ from typing import Any
 
 from teola_core.engines.protocol import Engine, EngineSet
 
-DEFAULT_REPLICA_WAIT_S = 120.0
+DEFAULT_REPLICA_WAIT_S = 300.0  # a model may take minutes to load
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def test_a_placement_no_node_offers_fails_fast_and_names_the_resource() -> None:
         finally:
             await runtime.close()
 
-    run(main(), timeout=30)  # replica_wait_s is 120: failing fast is the point
+    run(main(), timeout=30)  # replica_wait_s is 300: failing fast is the point
 
 
 def test_an_explicit_pool_blocks_only_off_the_event_loop() -> None:

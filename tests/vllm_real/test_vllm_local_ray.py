@@ -60,7 +60,7 @@ def pool() -> Any:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     began = time.perf_counter()
     factory = VLLMLocalFactory(str(MODEL_DIR), name=ENGINE, env=CPU_ENV, **ENGINE_ARGS)
-    engines = RayEnginePool(factory, num_cpus=2)
+    engines = RayEnginePool(factory, num_cpus=2, replica_wait_s=900)  # vLLM loads for minutes on a busy CPU
     ready = time.perf_counter() - began
     print(f"\n[start] vLLM ready in its Ray actor (pid {engines.infos[0].pid}) after {ready:.1f}s")
     try:
