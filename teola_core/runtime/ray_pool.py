@@ -219,7 +219,9 @@ class RayEnginePool(Engine):
         return await asyncio.to_thread(cls, factory, **kwargs)
 
     @classmethod
-    def copy_of(cls, engine: Engine, options: EngineOptions, *, name: str | None = None, start: bool = True) -> Any:
+    def copy_of(
+        cls, engine: Engine, options: EngineOptions, *, name: str | None = None, start: bool = True
+    ) -> RayEnginePool:
         """A pool of copies of `engine` (it must pickle), placed as `options` say; starts without waiting."""
         o = options
         return cls(
@@ -273,11 +275,12 @@ class RayEnginePool(Engine):
         while True:
             with self._lock:
                 states = [r.state for r in self._replicas]
-                lost = [r for r in self._replicas if r.state == "lost"]
+                lost = [r.why for r in self._replicas if r.state == "lost"]
+                lost += [str(self._failed)] if self._failed is not None else []
                 waiter = None if lost or all(s == "ready" for s in states) else self._signal.waiter()
             if lost:
                 self.kill()
-                raise RuntimeError(f"engine factory {factory!r} failed in its Ray actor: {lost[0].why}")
+                raise RuntimeError(f"engine factory {factory!r} failed in its Ray actor: {lost[0]}")
             if waiter is None:
                 return
             try:
@@ -321,6 +324,8 @@ class RayEnginePool(Engine):
         return incarnations
 
     def _kill(self, incarnations: list[_Incarnation]) -> None:
+        if not self._ray.is_initialized():  # at exit, after Ray's own shutdown: the actors are gone
+            return
         for incarnation in incarnations:
             self._ray.kill(incarnation.actor, no_restart=True)
 
@@ -656,7 +661,7 @@ class RayEnginePool(Engine):
             init_failed = bool(getattr(exc, "actor_init_failed", False))
             if init_failed:
                 replica.state, replica.final = "lost", True
-                replica.why = f"its engine failed to build in the actor: {exc}"
+                replica.why = f"its engine failed to build in the actor: {str(exc).strip().splitlines()[-1]}"
             elif -1 < self.options.max_restarts <= replica.restarts:
                 replica.state, replica.final = "lost", True
                 replica.why = f"replica {slot + 1} was lost {replica.restarts + 1} times (max_restarts)"

@@ -131,3 +131,15 @@ class DriverOnly(Embedder):
     """An engine that must stay in the driver (as the framework engines declare)."""
 
     driver_only = True
+
+
+class BrokenInActor(Embedder):
+    """Pickles in the driver; cannot be rebuilt in an actor (as a model file missing on a node)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise OSError("model file missing on this node")
+
+
+def missing_model() -> Engine:
+    """An engine factory that fails where it runs (in the actor)."""
+    raise OSError("model file missing on this node")

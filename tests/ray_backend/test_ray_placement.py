@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from ray_helpers import embed_one, rag, run  # noqa: E402
-from ray_test_engines import DriverOnly, Embedder, StatefulLLM  # noqa: E402
+from ray_test_engines import BrokenInActor, DriverOnly, Embedder, StatefulLLM, missing_model  # noqa: E402
 
 from teola_core.engines.protocol import EngineSet  # noqa: E402
 from teola_core.ir.errors import PrimitiveError  # noqa: E402
@@ -140,5 +140,27 @@ def test_an_explicit_pool_blocks_only_off_the_event_loop() -> None:
             assert pool.name == "made-in-actor" and pool.states == ("ready",)
         finally:
             await pool.close()
+
+    run(main())
+
+
+def test_an_engine_that_cannot_build_in_its_actor_fails_its_calls_at_once() -> None:
+    """No replacement loop: the factory's own error, once, for every call."""
+
+    async def main() -> None:
+        runtime = RayRuntime(EngineSet().add(BrokenInActor()), ray={"engines": {"emb": {"num_replicas": 2}}})
+        try:
+            for _ in range(2):
+                with pytest.raises(PrimitiveError) as info:
+                    await runtime.run(embed_one(), {"docs": ["a"]})
+                error = info.value.error
+                assert isinstance(error, EngineUnavailableError) and error.final
+                assert "its engine failed to build in the actor" in str(error)
+                assert "model file missing on this node" in str(error)
+            assert runtime.placed.pools["emb"].states == ("lost", "lost")
+        finally:
+            await runtime.close()
+        with pytest.raises(RuntimeError, match=r"failed in its Ray actor: .*model file missing"):
+            await RayEnginePool.create(missing_model, num_cpus=0.5)
 
     run(main())
