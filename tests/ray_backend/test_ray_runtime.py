@@ -164,7 +164,8 @@ def overhead(runtime: Runtime, burst: int) -> dict[str, float]:
 
 
 def test_overhead_per_query_and_the_batching_that_absorbs_it() -> None:
-    """Figures for the README (printed); the claim checked: a burst amortises Ray's round trips."""
+    """Figures for the README (printed: timings depend on the machine's load, so none is asserted);
+    the claim checked: a burst's calls share round trips to the actors, batched as locally."""
     local = overhead(LocalRuntime(EngineSet().add(Zero("emb")).add(Zero("llm"))), 500)
     remote = overhead(RayRuntime(EngineSet().add(Zero("emb")).add(Zero("llm"))), 500)
     print(
@@ -173,6 +174,4 @@ def test_overhead_per_query_and_the_batching_that_absorbs_it() -> None:
         f"\n  500 at once:   local {local['burst_s']:.3f} s, ray {remote['burst_s']:.3f} s"
         f" (mean engine batch: local {local['batch']:.1f}, ray {remote['batch']:.1f} calls)"
     )
-    per_query_in_burst = remote["burst_s"] * 1e3 / 500
-    assert remote["batch"] > 4  # queries share the actors' round trips...
-    assert per_query_in_burst < remote["alone_ms"] / 4  # ...so a burst costs far less per query than one alone
+    assert remote["batch"] == local["batch"] > 4  # queries share the actors' round trips as they share batches locally
