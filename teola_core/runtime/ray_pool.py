@@ -13,33 +13,22 @@ callers): its state is guarded by a lock and results arrive as Ray futures.
         ...
     await pool.close()                      # closes each engine, then kills the actors
 
-Routing: a batch goes to the least-loaded *ready* replica (ties rotate). A decode whose
-KV handle this pool produced goes to the replica that produced it (the pool tags each
-handle with the actor that holds its state).
+Routing: a batch goes to the least-loaded *ready* replica (ties rotate); a decode whose
+KV handle this pool produced goes to the actor that holds its state (the pool tags each
+handle with it). Replicas that are lost are replaced (`teola_core.runtime.ray_replicas`).
 
-Loss: each replica has a watch call pending on its actor, so the driver learns of a
-death (the process, or its node) as an event, stops routing to it and starts a
-replacement from the factory it keeps (actors have `max_restarts=0`: nothing is left
-for Ray to rebuild from its object store). A call that was running on a lost actor is
-retried once on another replica (engine calls are stateless), except a call whose KV
-state lived there, an INGEST (a write may have happened), and a stream that had already
-yielded: those fail with `EngineActorError` naming the engine, the actor, its pid and
-node. A call finding no ready replica waits, up to `replica_wait_s`, for one to
-(re)start, and fails at once with `EngineUnavailableError` when no live node offers
-what a replica needs (its only node is gone).
-
-Errors raised by the engine itself reach the runtime as the original exception, so they
-read as on the local backend. State: each replica has its own engine state; an engine
-whose calls read what earlier calls wrote (an in-process vector store) needs one replica.
+A call that was running on a lost actor is re-sent once to another replica (engine calls
+are stateless), except a call whose KV state lived there, an INGEST (a write may have
+happened) and a stream that had already yielded: those fail with `EngineActorError`
+naming the engine and the actor (id, pid, node). Errors raised by the engine itself reach
+the runtime as the original exception, as on the local backend. Each replica has its own
+engine state: an engine whose calls read what earlier calls wrote needs one replica.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +49,7 @@ from teola_core.runtime.ray_actor import (
     require_ray,
 )
 from teola_core.runtime.ray_options import DEFAULT_REPLICA_WAIT_S, EngineOptions
+from teola_core.runtime.ray_replicas import Incarnation, Replicas
 
 __all__ = [
     "ActorInfo",
@@ -74,9 +64,6 @@ EngineFactory = Callable[[], Engine]
 
 # Calls that are not re-sent after their actor was lost: a write may already have happened.
 _NOT_RETRIED = frozenset({PrimitiveKind.INGEST})
-# Scheduling options the placement check cannot model: with them, a replica is assumed placeable.
-_UNMODELLED = ("scheduling_strategy", "placement_group", "label_selector", "accelerator_type")
-_RECHECK_S = 1.0  # at most one placement check per second, when calls find no ready replica
 
 
 @dataclass(frozen=True)
@@ -87,49 +74,6 @@ class _Pinned:
     slot: int
     actor_id: str
     token: Any
-
-
-class _Incarnation:
-    """One actor of a slot; a replacement is a new incarnation (calls in flight keep theirs)."""
-
-    __slots__ = ("actor", "info", "load")
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.info: ActorInfo | None = None
-        self.load = 0  # calls in flight
-
-
-class _Replica:
-    __slots__ = ("current", "final", "last", "restarts", "served", "slot", "state", "why")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.state = "idle"  # idle -> starting -> ready -> starting (replacement) ... | lost | closed
-        self.current: _Incarnation | None = None
-        self.last: ActorInfo | None = None  # the latest incarnation that was ready
-        self.restarts = 0
-        self.served = 0
-        self.why = ""  # why it is lost
-        self.final = False  # lost for good (its engine cannot build, or no restarts left)
-
-
-class _Signal:
-    """Wakes every waiter, on any thread or event loop, when the pool's replicas change."""
-
-    def __init__(self) -> None:
-        self._waiters: list[concurrent.futures.Future[None]] = []
-
-    def waiter(self) -> concurrent.futures.Future[None]:  # call under the pool's lock
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._waiters.append(future)
-        return future
-
-    def notify(self) -> None:  # call under the pool's lock
-        waiters, self._waiters = self._waiters, []
-        for future in waiters:
-            if future.set_running_or_notify_cancel():
-                future.set_result(None)
 
 
 class RayEnginePool(Engine):
@@ -171,7 +115,7 @@ class RayEnginePool(Engine):
         ray = self._ray = require_ray()
         what = name or (description.name if description else repr(factory))
         try:
-            self._factory = ray.cloudpickle.dumps(factory)  # kept: every replacement is built from it
+            factory_blob = ray.cloudpickle.dumps(factory)  # kept: every replacement is built from it
         except Exception as exc:
             raise TypeError(
                 f"engine {what!r} cannot be sent to a Ray actor: {factory!r} does not pickle ({exc}). Run it in "
@@ -185,27 +129,15 @@ class RayEnginePool(Engine):
         if self.options.resources:
             actor["resources"] = dict(self.options.resources)
         actor |= {k: v for k, v in self.options.actor_options.items() if k not in ("max_restarts", "max_task_retries")}
-        self._actor_class = ray.remote(EngineActor).options(**actor)
-        self._placement_modelled = not any(k in self.options.actor_options for k in _UNMODELLED)
         self._id = uuid.uuid4().hex
-        self._lock = threading.Lock()
-        self._signal = _Signal()
-        self._replicas = [_Replica(slot) for slot in range(instances)]
-        self._maintenance: concurrent.futures.ThreadPoolExecutor | None = None
-        self._cursor = 0
-        self.resent = 0  # calls re-sent to another replica after their actor was lost
-        self._closed = False
-        self._failed: BaseException | None = None
-        self._last_check = float("-inf")
-        self._checking = False
-        self._description: EngineDescription | None = description
+        self._replicas = Replicas(factory_blob, ray.remote(EngineActor).options(**actor), self.options, what)
         if description is None:
-            self._start_and_wait(factory)
-            description = self._description
+            self._replicas.start_and_wait(f"engine factory {factory!r}")
+            description = self._replicas.description
             assert description is not None
         elif start:
-            self.start()
-        self.name = name or description.name
+            self._replicas.start()
+        self.name = self._replicas.name = name or description.name
         self.kinds = description.kinds
         self.profile = description.profile
         per_actor = concurrency if concurrency is not None else description.limits.concurrency
@@ -243,58 +175,19 @@ class RayEnginePool(Engine):
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         """Start the replicas' actors (Ray must be connected); returns at once."""
-        with self._lock:
-            if self._maintenance is not None or self._closed:
-                return
-            self._maintenance = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"teola-ray:{self._id[:6]}")
-            for replica in self._replicas:
-                replica.state = "starting"
-            self._signal.notify()
-        for replica in self._replicas:
-            self._submit(self._launch, replica.slot)
+        self._replicas.start()
 
     def fail(self, error: BaseException) -> None:
         """The pool cannot start (e.g. Ray did not connect): calls fail with `error` as the cause."""
-        with self._lock:
-            self._failed = error
-            self._signal.notify()
+        self._replicas.fail(error)
 
-    def _start_and_wait(self, factory: EngineFactory) -> None:
-        """Start, and block until every replica is ready (or one cannot start)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError(
-                "RayEnginePool(...) blocks until its actors have built their engines: inside an event loop "
-                "use `await RayEnginePool.create(...)`"
-            )
-        self.start()
-        deadline = time.monotonic() + self.options.replica_wait_s
-        while True:
-            with self._lock:
-                states = [r.state for r in self._replicas]
-                lost = [r.why for r in self._replicas if r.state == "lost"]
-                lost += [str(self._failed)] if self._failed is not None else []
-                waiter = None if lost or all(s == "ready" for s in states) else self._signal.waiter()
-            if lost:
-                self.kill()
-                raise RuntimeError(f"engine factory {factory!r} failed in its Ray actor: {lost[0]}")
-            if waiter is None:
-                return
-            try:
-                waiter.result(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                self.kill()
-                raise RuntimeError(
-                    f"engine factory {factory!r}: its Ray actors were not ready within "
-                    f"replica_wait_s={self.options.replica_wait_s} ({', '.join(states)})"
-                ) from None
+    async def wait_ready(self) -> None:
+        """Wait until every replica is ready (at most `replica_wait_s`); fail if one cannot start."""
+        await self._replicas.wait_ready()
 
     async def close(self) -> None:
         """Close each ready replica's engine, then kill every actor (none is replaced)."""
-        incarnations = self._shut()
+        incarnations = self._replicas.shut()
         errors = self._ray.exceptions
         try:
             ready = [i for i in incarnations if i.info is not None]
@@ -303,74 +196,37 @@ class RayEnginePool(Engine):
             if failures:
                 raise engine_error(failures[0])
         finally:
-            self._kill(incarnations)
+            self._replicas.kill(incarnations)
 
     def kill(self) -> None:
         """Kill every actor without closing the engines (for synchronous owners and finalizers)."""
-        self._kill(self._shut())
-
-    def _shut(self) -> list[_Incarnation]:
-        with self._lock:
-            if self._closed:
-                return []
-            self._closed = True
-            incarnations = [r.current for r in self._replicas if r.current is not None]
-            for replica in self._replicas:
-                replica.state, replica.current = "closed", None
-            self._signal.notify()
-            maintenance, self._maintenance = self._maintenance, None
-        if maintenance is not None:
-            maintenance.shutdown(wait=False, cancel_futures=True)
-        return incarnations
-
-    def _kill(self, incarnations: list[_Incarnation]) -> None:
-        if not self._ray.is_initialized():  # at exit, after Ray's own shutdown: the actors are gone
-            return
-        for incarnation in incarnations:
-            self._ray.kill(incarnation.actor, no_restart=True)
+        self._replicas.kill(self._replicas.shut())
 
     # -- inspection ------------------------------------------------------------------------
     @property
     def actors(self) -> tuple[Any, ...]:
         """The current actor handle of each slot (None while a slot has none)."""
-        with self._lock:
-            return tuple(r.current.actor if r.current else None for r in self._replicas)
+        return self._replicas.actors
 
     @property
     def infos(self) -> tuple[ActorInfo | None, ...]:
         """Per slot, the latest actor that was ready (its id, pid and node)."""
-        with self._lock:
-            return tuple(r.last for r in self._replicas)
+        return self._replicas.infos
 
     @property
     def states(self) -> tuple[str, ...]:
         """Per slot: "idle", "starting", "ready", "lost" or "closed"."""
-        with self._lock:
-            return tuple(r.state for r in self._replicas)
+        return self._replicas.states
 
     @property
     def served(self) -> tuple[int, ...]:
         """Calls each slot has run (all its incarnations)."""
-        with self._lock:
-            return tuple(r.served for r in self._replicas)
+        return self._replicas.served
 
-    async def wait_ready(self) -> None:
-        """Wait until every replica is ready (at most `replica_wait_s`); fail if one cannot start."""
-        deadline = time.monotonic() + self.options.replica_wait_s
-        while True:
-            with self._lock:
-                lost = [r for r in self._replicas if r.state == "lost"]
-                error = self._unavailable() or (self._replica_error(lost[0]) if lost else None)
-                if error is None and all(r.state == "ready" for r in self._replicas):
-                    return
-                waiter = None if error else self._signal.waiter()
-            if error is not None:
-                raise error
-            assert waiter is not None
-            if time.monotonic() >= deadline:
-                waiter.cancel()
-                raise self._not_ready()
-            await _changed(waiter, deadline)
+    @property
+    def resent(self) -> int:
+        """Calls re-sent to another replica after their actor was lost."""
+        return self._replicas.resent
 
     async def refresh(self) -> tuple[ActorInfo | None, ...]:
         """Ask every ready actor who it is now."""
@@ -382,7 +238,7 @@ class RayEnginePool(Engine):
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         results: list[Any] = [None] * len(calls)
         wire: list[Call] = []
-        groups: dict[tuple[_Incarnation | None, bool], list[int]] = {}
+        groups: dict[tuple[Incarnation | None, bool], list[int]] = {}
         for i, call in enumerate(calls):
             pin, plain = self._unpin(call)
             wire.append(plain)
@@ -393,7 +249,7 @@ class RayEnginePool(Engine):
             movable = (pin is None or pin.token is None) and call.node.kind not in _NOT_RETRIED
             groups.setdefault((holder, movable), []).append(i)
 
-        async def run_group(holder: _Incarnation | None, movable: bool, indices: list[int]) -> None:
+        async def run_group(holder: Incarnation | None, movable: bool, indices: list[int]) -> None:
             batch = [wire[i] for i in indices]
             try:
                 out = await self._run_batch(holder, movable, batch)
@@ -412,7 +268,7 @@ class RayEnginePool(Engine):
             raise self._kv_lost(pin)
         movable = pin is None or pin.token is None
         errors = self._ray.exceptions
-        lease = await self._lease(holder, 1)
+        lease = await self._replicas.lease(holder, 1)
         for attempt in (1, 2):
             generator = lease.actor.stream.options(num_returns="streaming").remote(plain)
             yielded = finished = False
@@ -424,7 +280,7 @@ class RayEnginePool(Engine):
                 finished = True
                 return
             except errors.RayActorError as exc:
-                self._report_lost(lease, exc)
+                self._replicas.report_lost(lease, exc)
                 if yielded or not movable or attempt == 2:
                     why = "after its first deltas" if yielded else _why_not_resent(movable)
                     raise self._lost_error(lease, 1, exc, why) from exc
@@ -432,26 +288,29 @@ class RayEnginePool(Engine):
             except errors.RayTaskError as exc:
                 raise engine_error(exc) from exc
             finally:
-                self._release(lease, 1, done=finished or yielded)
+                self._replicas.release(lease, 1, done=finished or yielded)
                 if not finished:
                     self._ray.cancel(generator)
             lease = await self._lease_after_loss(lease, 1, lost)
 
     # -- running a batch -------------------------------------------------------------------
-    async def _run_batch(self, holder: _Incarnation | None, movable: bool, batch: list[Call]) -> list[CallResult]:
+    async def _run_batch(self, holder: Incarnation | None, movable: bool, batch: list[Call]) -> list[CallResult]:
         """Run on the holder (or any ready replica); re-send once if `movable` and the actor was lost."""
-        lease = await self._lease(holder, len(batch))
+        lease = first = await self._replicas.lease(holder, len(batch))
         for attempt in (1, 2):
             try:
                 return await self._call(lease, batch)
             except _ActorLost as lost:
                 if not movable or attempt == 2:
-                    why = _why_not_resent(movable)
-                    return [self._lost_error(lease, len(batch), lost.cause, why) for _ in batch]
+                    errors = [self._lost_error(lease, len(batch), lost.cause, _why_not_resent(movable)) for _ in batch]
+                    if attempt == 2 and first.info is not None:
+                        for error in errors:
+                            error.add_note(f"first sent to {first.info.describe(len(self._replicas))}, lost too")
+                    return list(errors)
                 lease = await self._lease_after_loss(lease, len(batch), lost.cause)
         raise AssertionError("unreachable")
 
-    async def _call(self, lease: _Incarnation, batch: list[Call]) -> list[CallResult]:
+    async def _call(self, lease: Incarnation, batch: list[Call]) -> list[CallResult]:
         ref = lease.actor.run.remote(batch)
         done = False
         try:
@@ -461,255 +320,30 @@ class RayEnginePool(Engine):
             self._ray.cancel(ref)
             raise
         except self._ray.exceptions.RayActorError as exc:
-            self._report_lost(lease, exc)
+            self._replicas.report_lost(lease, exc)
             raise _ActorLost(exc) from exc
         except Exception as exc:  # the engine raised: every call of the batch fails with it, as locally
             done = True
             return [engine_error(exc)] * len(batch)
         finally:
-            self._release(lease, len(batch), done=done)
+            self._replicas.release(lease, len(batch), done=done)
         if len(out) != len(batch):
             error = RuntimeError(f"engine {self.name!r} returned {len(out)} results for a batch of {len(batch)} calls")
             return [error] * len(batch)
         return [self._pin(lease, r) for r in out]
 
-    async def _lease_after_loss(self, lost: _Incarnation, n: int, exc: BaseException) -> _Incarnation:
+    async def _lease_after_loss(self, lost: Incarnation, n: int, exc: BaseException) -> Incarnation:
         """Another replica for calls whose actor was lost; its error names the lost actor."""
         try:
-            lease = await self._lease(None, n)
+            return await self._replicas.lease(None, n, resent=True)
         except EngineUnavailableError as unavailable:
             raise EngineUnavailableError(
                 f"{self._lost_error(lost, n, exc, 'and no other replica could take them')}: {unavailable}",
                 engine=self.name,
             ) from exc
-        with self._lock:
-            self.resent += n
-        return lease
-
-    # -- choosing a replica ----------------------------------------------------------------
-    async def _lease(self, holder: _Incarnation | None, n: int) -> _Incarnation:
-        """A ready incarnation for `n` calls (the holder if it is still ready), counted as loaded.
-
-        With none ready, wait (up to `replica_wait_s`) for one to start. When every replica
-        is lost, one placement check decides at once: fail, or wait for the relaunch.
-        """
-        deadline = time.monotonic() + self.options.replica_wait_s
-        checked = False
-        while True:
-            with self._lock:
-                incarnation = self._pick(holder)
-                if incarnation is not None:
-                    incarnation.load += n
-                    return incarnation
-                error = self._unavailable()
-                check = error is None or error.final is False
-                check = check and self._claim_check()
-                wait = error is None or (not checked and not error.final and (check or self._checking))
-                waiter = self._signal.waiter() if wait else None
-            if check:
-                self._submit(self._placement_check)
-            if waiter is None:
-                assert error is not None
-                raise error
-            checked = checked or error is not None
-            if time.monotonic() >= deadline:
-                waiter.cancel()
-                raise self._not_ready()
-            await _changed(waiter, deadline)
-
-    def _pick(self, holder: _Incarnation | None) -> _Incarnation | None:
-        """The holder if ready, else the least-loaded ready incarnation (ties rotate). Under the lock."""
-        ready = [r for r in self._replicas if r.state == "ready" and r.current is not None]
-        if holder is not None and any(r.current is holder for r in ready):
-            return holder
-        if not ready:
-            return None
-        n = len(self._replicas)
-        ready.sort(key=lambda r: (r.current.load, (r.slot - self._cursor) % n))  # type: ignore[union-attr]
-        chosen = ready[0]
-        self._cursor = (chosen.slot + 1) % n
-        return chosen.current
-
-    def _unavailable(self) -> EngineUnavailableError | None:
-        """Why no call can run now (under the lock), or None when waiting may help.
-
-        `final` errors (failed, closed, replicas that cannot come back) need no placement check.
-        """
-        if self._failed is not None:
-            error = EngineUnavailableError(
-                f"engine {self.name!r}: its Ray actors could not start: {self._failed}", engine=self.name, final=True
-            )
-            error.__cause__ = self._failed
-            return error
-        if self._closed:
-            return EngineUnavailableError(f"engine {self.name!r}: its Ray pool is closed", engine=self.name, final=True)
-        if all(r.state == "lost" for r in self._replicas):
-            why = "; ".join(dict.fromkeys(r.why for r in self._replicas))
-            final = all(r.final for r in self._replicas)
-            message = f"engine {self.name!r}: no replica can run: {why}"
-            return EngineUnavailableError(message, engine=self.name, final=final)
-        return None
-
-    def _replica_error(self, replica: _Replica) -> EngineUnavailableError:
-        message = f"engine {self.name!r}: replica {replica.slot + 1} of {len(self._replicas)} cannot run: {replica.why}"
-        return EngineUnavailableError(message, engine=self.name, final=replica.final)
-
-    def _not_ready(self) -> EngineUnavailableError:
-        return EngineUnavailableError(
-            f"engine {self.name!r}: no replica was ready within replica_wait_s={self.options.replica_wait_s} "
-            f"(replicas: {', '.join(self.states)})",
-            engine=self.name,
-        )
-
-    def _claim_check(self) -> bool:
-        """Whether this caller should run a placement check now (none running, none in the last second)."""
-        now = time.monotonic()
-        if self._checking or now - self._last_check < _RECHECK_S or self._maintenance is None:
-            return False
-        self._checking, self._last_check = True, now
-        return True
-
-    def _holder(self, pin: _Pinned | None) -> _Incarnation | None:
-        if pin is None:
-            return None
-        with self._lock:
-            current = self._replicas[pin.slot].current
-            ok = current is not None and current.info is not None and current.info.actor_id == pin.actor_id
-            return current if ok and self._replicas[pin.slot].state == "ready" else None
-
-    def _release(self, incarnation: _Incarnation, n: int, *, done: bool) -> None:
-        with self._lock:
-            incarnation.load -= n
-            if done and incarnation.info is not None:
-                self._replicas[incarnation.info.slot].served += n
-
-    # -- replicas: started, lost, replaced (all on the pool's maintenance thread) -----------
-    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            maintenance = self._maintenance
-            if maintenance is None:
-                return
-            try:
-                done = maintenance.submit(fn, *args)
-            except RuntimeError:  # shut down by close() meanwhile: nothing left to maintain
-                return
-        done.add_done_callback(self._maintained)
-
-    def _maintained(self, done: concurrent.futures.Future[None]) -> None:
-        """A maintenance step raised (a bug, or Ray failing): fail the pool's calls instead of hanging them."""
-        error = None if done.cancelled() else done.exception()
-        if error is not None:
-            self.fail(RuntimeError(f"engine {self.name!r}: managing its Ray actors failed: {error!r}"))
-
-    def _launch(self, slot: int) -> None:
-        why = self._unplaceable()
-        with self._lock:
-            replica = self._replicas[slot]
-            if replica.state != "starting":
-                return
-            if why is not None:
-                replica.state, replica.why = "lost", why
-                self._signal.notify()
-                return
-        incarnation = _Incarnation(self._actor_class.remote(self._factory, slot))
-        with self._lock:
-            stale = replica.state != "starting" or replica.current is not None
-            if not stale:
-                replica.current = incarnation
-        if stale:  # closed (or lost) meanwhile
-            self._kill([incarnation])
-            return
-        ref = incarnation.actor.describe.remote()
-        ref.future().add_done_callback(lambda f: self._submit(self._on_described, slot, incarnation, f))
-
-    def _on_described(self, slot: int, incarnation: _Incarnation, future: concurrent.futures.Future[Any]) -> None:
-        errors = self._ray.exceptions
-        try:
-            description, info = future.result()
-        except errors.RayActorError as exc:
-            self._lost(slot, incarnation, exc)
-            return
-        with self._lock:
-            replica = self._replicas[slot]
-            if replica.current is not incarnation or replica.state != "starting":
-                return
-            incarnation.info = replica.last = info
-            replica.state = "ready"
-            if self._description is None:
-                self._description = description
-            self._signal.notify()
-        watch = incarnation.actor.watch.remote()
-        watch.future().add_done_callback(lambda f: self._submit(self._lost, slot, incarnation, f.exception()))
-
-    def _report_lost(self, incarnation: _Incarnation, exc: BaseException) -> None:
-        """A call saw its actor fail: stop routing to it now; replace it on the maintenance thread."""
-        slot = incarnation.info.slot if incarnation.info is not None else None
-        if slot is None:
-            return
-        with self._lock:
-            replica = self._replicas[slot]
-            if replica.current is incarnation and replica.state == "ready":
-                replica.state = "starting"  # no new calls; `_lost` replaces it
-        self._submit(self._lost, slot, incarnation, exc)
-
-    def _lost(self, slot: int, incarnation: _Incarnation, exc: BaseException | None) -> None:
-        with self._lock:
-            replica = self._replicas[slot]
-            if replica.current is not incarnation:
-                return  # an older incarnation, already replaced
-            replica.current = None
-            init_failed = bool(getattr(exc, "actor_init_failed", False))
-            if init_failed:
-                replica.state, replica.final = "lost", True
-                replica.why = f"its engine failed to build in the actor: {str(exc).strip().splitlines()[-1]}"
-            elif -1 < self.options.max_restarts <= replica.restarts:
-                replica.state, replica.final = "lost", True
-                replica.why = f"replica {slot + 1} was lost {replica.restarts + 1} times (max_restarts)"
-            else:
-                replica.state = "starting"
-                replica.restarts += 1
-            self._signal.notify()
-        self._ray.kill(incarnation.actor, no_restart=True)  # an unreachable actor may still run: end it
-        self._launch(slot)
-
-    def _placement_check(self) -> None:
-        """Lost replicas start again once they can be placed; pending ones that cannot are lost."""
-        try:
-            why = self._unplaceable()
-            pending: list[_Incarnation] = []
-            relaunch: list[int] = []
-            with self._lock:
-                for replica in self._replicas:
-                    if why is not None and replica.state == "starting":
-                        if replica.current is not None:
-                            pending.append(replica.current)
-                        replica.state, replica.why, replica.current = "lost", why, None
-                    elif why is None and replica.state == "lost" and not replica.final:
-                        replica.state = "starting"
-                        relaunch.append(replica.slot)
-                self._signal.notify()
-            self._kill(pending)
-            for slot in relaunch:
-                self._launch(slot)
-        finally:
-            with self._lock:
-                self._checking = False
-                self._signal.notify()
-
-    def _unplaceable(self) -> str | None:
-        """None when some live node offers what a replica needs; else why none does."""
-        if not self._placement_modelled:
-            return None
-        need = self.options.request()
-        alive = [n for n in self._ray.nodes() if n.get("Alive")]
-        if any(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in need.items()) for n in alive):
-            return None
-        lost = sorted({f"{r.last.node_id[:12]} at {r.last.node_ip}" for r in self._replicas if r.last is not None})
-        where = f"; it ran on node {', '.join(lost)}, which is gone" if lost else ""
-        return f"no live Ray node offers what a replica needs ({_format(need)}){where}"
 
     # -- errors ----------------------------------------------------------------------------
-    def _lost_error(self, incarnation: _Incarnation, n: int, exc: BaseException, why: str) -> EngineActorError:
+    def _lost_error(self, incarnation: Incarnation, n: int, exc: BaseException, why: str) -> EngineActorError:
         info = incarnation.info or NOBODY
         error = EngineActorError(
             f"engine {self.name!r}: {info.describe(len(self._replicas))} was lost while running {n} call(s), {why} "
@@ -721,8 +355,7 @@ class RayEnginePool(Engine):
         return error
 
     def _kv_lost(self, pin: _Pinned) -> EngineActorError:
-        with self._lock:
-            info = self._replicas[pin.slot].last
+        info = self._replicas.last(pin.slot)
         if info is None or info.actor_id != pin.actor_id:
             info = dataclasses.replace(NOBODY, slot=pin.slot)
         return EngineActorError(
@@ -733,7 +366,10 @@ class RayEnginePool(Engine):
         )
 
     # -- KV affinity -----------------------------------------------------------------------
-    def _pin(self, incarnation: _Incarnation, result: CallResult) -> CallResult:
+    def _holder(self, pin: _Pinned | None) -> Incarnation | None:
+        return None if pin is None else self._replicas.holder(pin.slot, pin.actor_id)
+
+    def _pin(self, incarnation: Incarnation, result: CallResult) -> CallResult:
         info = incarnation.info
         if info is None or isinstance(result, BaseException) or not isinstance(result, Mapping):
             return result
@@ -760,15 +396,6 @@ class RayEnginePool(Engine):
         return pin, Call(call.query_id, call.node, inputs)
 
 
-async def _changed(waiter: concurrent.futures.Future[None], deadline: float) -> None:
-    """Wait for the pool's signal (from any thread) until `deadline` (monotonic)."""
-    wakeup = asyncio.wrap_future(waiter)
-    try:
-        await asyncio.wait({wakeup}, timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        wakeup.cancel()
-
-
 class _ActorLost(Exception):
     """Internal: a call's actor was lost (`cause`: Ray's error)."""
 
@@ -779,7 +406,3 @@ class _ActorLost(Exception):
 
 def _why_not_resent(movable: bool) -> str:
     return "and was lost again on the replica it was re-sent to" if movable else "and could not be re-sent"
-
-
-def _format(need: Mapping[str, float]) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in sorted(need.items()))
