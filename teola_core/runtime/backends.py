@@ -92,7 +92,8 @@ class RuntimePerLoop:
     several loops (the caller's, its own sync thread's, a server's) keeps one each.
     `hooks` are added to every runtime it creates. On the "ray" backend the engines are
     placed once, here (`ray`: the `ray=` option, checked now), and every loop's runtime
-    shares those actors; `close()` (or garbage collection) kills them.
+    shares those actors; `close()` (or garbage collection) kills them, and a later call
+    starts fresh ones (as a drop-in's sync thread restarts after `close()`).
     """
 
     def __init__(
@@ -111,17 +112,25 @@ class RuntimePerLoop:
         self.hooks = tuple(hooks)
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._ray = ray
         self.placed: RayEngines | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         if backend == "ray":
-            from teola_core.runtime.ray import RayEngines
+            self._place()
 
-            self.placed = RayEngines(engines, ray)
-            weakref.finalize(self, self.placed.close)
+    def _place(self) -> None:
+        from teola_core.runtime.ray import RayEngines
+
+        self.placed = RayEngines(self.engines, self._ray)
+        self._finalizer = weakref.finalize(self, self.placed.close)
 
     def current(self) -> Runtime:
         """The running loop's runtime (must be called on a running loop)."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            if self.placed is not None and self.placed.closed:  # closed: start afresh
+                self._runtimes.clear()
+                self._place()
             runtime = self._runtimes.get(loop)
             if runtime is None:
                 runtime = self._runtimes[loop] = make_runtime(self.placed or self.engines, self.backend, self.policy)
@@ -140,6 +149,6 @@ class RuntimePerLoop:
         return self.placed.where()
 
     def close(self) -> None:
-        """Kill the Ray actors of the engines (if any); a later call fails with a clear error."""
-        if self.placed is not None:
-            self.placed.close()
+        """Kill the Ray actors of the engines (if any); a later call starts new ones."""
+        if self._finalizer is not None:
+            self._finalizer()

@@ -73,6 +73,7 @@ class RayEngines:
                 self.pools[name] = RayEnginePool.copy_of(engine, placement, name=name, start=False)
                 self.engines.add(self.pools[name], name)
         self.connected_here = False
+        self.closed = False
         self._lock = threading.Lock()
         self._started = False
         self._connected = threading.Event()
@@ -122,11 +123,13 @@ class RayEngines:
 
     def close(self) -> None:
         """Kill the actors (no engine `close()`: for synchronous owners and finalizers)."""
+        self.closed = True
         for pool in self.pools.values():
             pool.kill()
 
     async def aclose(self) -> None:
         """Close every pool's engines, then kill its actors."""
+        self.closed = True
         results = await asyncio.gather(*(p.close() for p in self.pools.values()), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

@@ -108,12 +108,14 @@ def test_one_set_of_actors_serves_every_event_loop_and_starts_without_blocking()
         thread.close()
         runtimes.close()
     assert pool.states == ("closed", "closed")
-    with pytest.raises(PrimitiveError, match="its Ray pool is closed"):
-        run(ask_closed(runtimes))
+    # as a drop-in's sync thread after close(): used again, it starts afresh
+    assert run(ask_again(runtimes)) == {"vectors": ["AGAIN"]}
+    assert runtimes.placed.pools["emb"] is not pool
+    runtimes.close()
 
 
-async def ask_closed(runtimes: RuntimePerLoop) -> Any:
-    return await runtimes.current().run(embed_one(), {"docs": ["late"]})
+async def ask_again(runtimes: RuntimePerLoop) -> Any:
+    return await runtimes.current().run(embed_one(), {"docs": ["again"]})
 
 
 def test_a_placement_no_node_offers_fails_fast_and_names_the_resource() -> None:
