@@ -169,7 +169,7 @@ def test_overhead_per_query_and_the_batching_that_absorbs_it() -> None:
     local = overhead(LocalRuntime(EngineSet().add(Zero("emb")).add(Zero("llm"))), 500)
     remote = overhead(RayRuntime(EngineSet().add(Zero("emb")).add(Zero("llm"))), 500)
     print(
-        f"\nzero-latency engines, a query = embed, then prefill -> decode (3 engine calls, 2 round trips in a row):"
+        f"\nzero-latency engines, a query = embed, then prefill, then decode (3 engine round trips in a row):"
         f"\n  one at a time: local {local['alone_ms']:.2f} ms, ray {remote['alone_ms']:.2f} ms per query"
         f"\n  500 at once:   local {local['burst_s']:.3f} s, ray {remote['burst_s']:.3f} s"
         f" (mean engine batch: local {local['batch']:.1f}, ray {remote['batch']:.1f} calls)"
