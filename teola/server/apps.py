@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -89,13 +89,14 @@ class LangChainApp(_OptimizedApp):
     """A LangChain runnable served through Teola (wrapped with `teola.optimize` unless it
     already is optimized)."""
 
-    def __init__(self, name: str, runnable: Any, *, backend: str = "local") -> None:
-        import teola
+    def __init__(
+        self, name: str, runnable: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None
+    ) -> None:
         from teola_langchain.runnable import TeolaRunnable
 
         self.name = name
         self.runnable: TeolaRunnable[Any, Any] = (
-            runnable if isinstance(runnable, TeolaRunnable) else teola.optimize(runnable, backend=backend)
+            runnable if isinstance(runnable, TeolaRunnable) else _optimize(runnable, backend, ray)
         )
         self.optimized = self.runnable
 
@@ -120,13 +121,12 @@ class LlamaIndexApp(_OptimizedApp):
     its text); it is not streamed token by token: one chunk carries the whole answer.
     """
 
-    def __init__(self, name: str, obj: Any, *, backend: str = "local") -> None:
-        import teola
+    def __init__(self, name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None) -> None:
         from teola_llamaindex import TeolaQueryEngine, TeolaQueryPipelineExecutor
 
         self.name = name
         optimized_types = tuple(t for t in (TeolaQueryEngine, TeolaQueryPipelineExecutor) if t is not None)
-        self.optimized = obj if isinstance(obj, optimized_types) else teola.optimize(obj, backend=backend)
+        self.optimized = obj if isinstance(obj, optimized_types) else _optimize(obj, backend, ray)
         self._is_engine = isinstance(self.optimized, TeolaQueryEngine)
 
     def input_schema(self) -> type[BaseModel] | None:
@@ -165,12 +165,19 @@ class AppSpec:
         return cls(name or attr.rsplit(".", 1)[-1], module, attr)
 
 
-def wrap_app(name: str, obj: Any, *, backend: str = "local") -> App:
+def _optimize(obj: Any, backend: str, ray: Mapping[str, Any] | None) -> Any:
+    """`teola.optimize` with the server's backend (and Ray options, on the Ray backend)."""
+    import teola
+
+    return teola.optimize(obj, backend=backend, **({} if ray is None else {"ray": ray}))
+
+
+def wrap_app(name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None) -> App:
     """The `App` for a loaded object: already an App, or a LangChain runnable."""
     if isinstance(obj, App):
         return obj
     if type(obj).__module__.split(".")[0] in ("llama_index", "teola_llamaindex"):
-        return LlamaIndexApp(name, obj, backend=backend)
+        return LlamaIndexApp(name, obj, backend=backend, ray=ray)
     try:
         from langchain_core.runnables import Runnable
     except ModuleNotFoundError as exc:
@@ -178,14 +185,20 @@ def wrap_app(name: str, obj: Any, *, backend: str = "local") -> App:
             f"app {name!r} is a {type(obj).__name__}; serving LangChain apps needs pip install 'teola[langchain]'"
         ) from exc
     if isinstance(obj, Runnable):
-        return LangChainApp(name, obj, backend=backend)
+        return LangChainApp(name, obj, backend=backend, ray=ray)
     raise TypeError(
         f"app {name!r} is a {type(obj).__name__}: expected a LangChain Runnable or an object with the "
         "teola.server.apps.App interface"
     )
 
 
-def load_apps(specs: Iterable[str], *, backend: str = "local", search_path: str | None = None) -> list[App]:
+def load_apps(
+    specs: Iterable[str],
+    *,
+    backend: str = "local",
+    search_path: str | None = None,
+    ray: Mapping[str, Any] | None = None,
+) -> list[App]:
     """Import every `name=module:attr` and wrap it; names must be unique."""
     if search_path is not None and search_path not in sys.path:
         sys.path.insert(0, search_path)
@@ -200,7 +213,7 @@ def load_apps(specs: Iterable[str], *, backend: str = "local", search_path: str 
                 raise ValueError(f"app spec {raw!r}: module {spec.module!r} has no attribute {spec.attr!r}") from exc
         if any(a.name == spec.name for a in apps):
             raise ValueError(f"two apps are named {spec.name!r}; name one explicitly: other_name={spec.module}:...")
-        apps.append(wrap_app(spec.name, obj, backend=backend))
+        apps.append(wrap_app(spec.name, obj, backend=backend, ray=ray))
     return apps
 
 

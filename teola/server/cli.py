@@ -22,13 +22,21 @@ def add_serve_command(commands: Any) -> None:
     p.add_argument(
         "--api-key", default=os.environ.get("TEOLA_API_KEY"), help="required bearer key (default: $TEOLA_API_KEY)"
     )
-    p.add_argument("--backend", default="local", choices=["local", "reference"])
+    p.add_argument("--backend", default="local", choices=["local", "reference", "ray"])
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --backend ray: the Ray cluster to join ('auto', 'ray://head:10001'; default: $RAY_ADDRESS, "
+        "else a new local cluster)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--log-level", default="info")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.ray_address is not None and args.backend != "ray":
+        raise SystemExit("teola serve: --ray-address needs --backend ray")
     try:
         from teola.server.runner import serve
     except ModuleNotFoundError as exc:
@@ -41,5 +49,6 @@ def _run(args: argparse.Namespace) -> int:
         backend=args.backend,
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level,
+        ray_address=args.ray_address,
     )
     return 0

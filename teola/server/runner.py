@@ -93,15 +93,20 @@ def serve(
     backend: str = "local",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
+    ray_address: str | None = None,
 ) -> None:
-    """Serve apps (specs `name=module:attr`, `App`s, or a {name: runnable} dict) until stopped."""
+    """Serve apps (specs `name=module:attr`, `App`s, or a {name: runnable} dict) until stopped.
+
+    ray_address: the Ray cluster of `backend="ray"` (default: `RAY_ADDRESS`, else a local one).
+    """
     from teola.server.apps import wrap_app
 
+    ray = None if ray_address is None else {"address": ray_address}
     if isinstance(apps, dict):
-        loaded = [wrap_app(name, obj, backend=backend) for name, obj in apps.items()]
+        loaded = [wrap_app(name, obj, backend=backend, ray=ray) for name, obj in apps.items()]
     else:
         specs = [a for a in apps if isinstance(a, str)]
-        by_spec = iter(load_apps(specs, backend=backend, search_path=cwd_path()))
+        by_spec = iter(load_apps(specs, backend=backend, search_path=cwd_path(), ray=ray))
         loaded = [next(by_spec) if isinstance(a, str) else a for a in apps]
     app = create_app(loaded, api_key=api_key, max_body_bytes=max_body_bytes)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")).run()

@@ -23,6 +23,7 @@ from teola_core.ir.types import KVHandle
 class OpaqueModelEngine(PerCallEngine):
     kinds = LLM_KINDS
     limits = EngineLimits(concurrency=64)
+    driver_only = True  # it calls the user's model object with each query's callbacks and config
 
     @abstractmethod
     async def generate(self, call: Call, prompt: Any) -> Any:

@@ -85,6 +85,10 @@ class Engine(ABC):
     kinds: frozenset[PrimitiveKind] = frozenset()
     limits: EngineLimits = EngineLimits()
     profile: LatencyProfile | None = None
+    # True for an engine that needs per-query state which cannot leave this process (the
+    # caller's callbacks and config, for engines over a framework's objects): the Ray
+    # backend runs it in the driver and refuses to place it in an actor.
+    driver_only: bool = False
 
     @abstractmethod
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:

@@ -5,6 +5,14 @@ Backends (`make_runtime`): "local" (the default) is
 (`teola_core.runtime.ray.RayRuntime`) runs each engine as a pool of Ray actors;
 "reference" runs each query with `teola_core.runtime.reference.evaluate` (one
 primitive at a time; it defines what a graph computes), useful to check a result.
+
+The drop-in objects keep a `RuntimePerLoop`: on "ray" it places the engines once
+(`RayEngines`, from the `ray=` option, checked when it is built) and every loop's
+runtime shares those actors.
+
+    runtimes = RuntimePerLoop(engines, "ray", ray={"engines": {"llm": {"num_gpus": 1}}})
+    answer = await runtimes.current().run(graph, inputs)
+    runtimes.close()                      # kills the actors (Ray stays connected)
 """
 
 from __future__ import annotations
@@ -13,12 +21,16 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.reference import evaluate
+
+if TYPE_CHECKING:
+    from teola_core.runtime.ray import RayEngines
+    from teola_core.runtime.ray_options import RayOptions
 
 BACKENDS = ("reference", "local", "ray")
 DEFAULT_BACKEND = "local"
@@ -46,20 +58,37 @@ class ReferenceRuntime(Runtime):
         self._hooks.append(hook)
 
 
-def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology") -> Runtime:
-    """A fresh runtime of the named backend over `engines`."""
+def make_runtime(
+    engines: EngineSet | RayEngines,
+    backend: str = DEFAULT_BACKEND,
+    policy: str = "topology",
+    *,
+    ray: RayOptions | Mapping[str, Any] | None = None,
+) -> Runtime:
+    """A fresh runtime of the named backend over `engines`.
+
+    On "ray", `engines` may be a shared `RayEngines` placement (then `ray` must be None);
+    otherwise the runtime places them itself as `ray` says, and `close()` kills its actors.
+    """
+    _check_backend(backend, ray)
+    if backend == "ray":
+        from teola_core.runtime.ray import RayRuntime
+
+        return RayRuntime(engines, policy, ray=ray)
+    if not isinstance(engines, EngineSet):
+        raise TypeError(f"backend {backend!r} runs an EngineSet, not {type(engines).__name__}")
     if backend == "reference":
         return ReferenceRuntime(engines)
-    if backend == "local":
-        from teola_core.runtime.local import LocalRuntime
+    from teola_core.runtime.local import LocalRuntime
 
-        return LocalRuntime(engines, policy=policy)
-    if backend == "ray":  # each engine copied into one Ray actor; Ray connects as `RAY_ADDRESS` says
-        from teola_core.runtime.ray import RayRuntime
-        from teola_core.runtime.ray_pool import ray_engines
+    return LocalRuntime(engines, policy=policy)
 
-        return RayRuntime(lambda: ray_engines(engines), policy=policy, own_engines=True)
-    raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+
+def _check_backend(backend: str, ray: object) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+    if ray is not None and backend != "ray":
+        raise ValueError(f"ray= options need backend='ray' (backend is {backend!r})")
 
 
 class RuntimePerLoop:
@@ -67,28 +96,50 @@ class RuntimePerLoop:
 
     Runtimes hold loop-bound futures and queues, so a drop-in object that is called from
     several loops (the caller's, its own sync thread's, a server's) keeps one each.
-    `hooks` are added to every runtime it creates.
+    `hooks` are added to every runtime it creates. On the "ray" backend the engines are
+    placed once, here (`ray`: the `ray=` option, checked now), and every loop's runtime
+    shares those actors; `close()` (or garbage collection) kills them, and a later call
+    starts fresh ones (as a drop-in's sync thread restarts after `close()`).
     """
 
     def __init__(
-        self, engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology", hooks: Sequence[Any] = ()
+        self,
+        engines: EngineSet,
+        backend: str = DEFAULT_BACKEND,
+        policy: str = "topology",
+        hooks: Sequence[Any] = (),
+        *,
+        ray: RayOptions | Mapping[str, Any] | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+        _check_backend(backend, ray)
         self.engines = engines
         self.backend = backend
         self.policy = policy
         self.hooks = tuple(hooks)
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._ray = ray
+        self.placed: RayEngines | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        if backend == "ray":
+            self._place()
+
+    def _place(self) -> None:
+        from teola_core.runtime.ray import RayEngines
+
+        self.placed = RayEngines(self.engines, self._ray)
+        self._finalizer = weakref.finalize(self, self.placed.close)
 
     def current(self) -> Runtime:
         """The running loop's runtime (must be called on a running loop)."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            if self.placed is not None and self.placed.closed:  # closed: start afresh
+                self._runtimes.clear()
+                self._place()
             runtime = self._runtimes.get(loop)
             if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(self.engines, self.backend, self.policy)
+                runtime = self._runtimes[loop] = make_runtime(self.placed or self.engines, self.backend, self.policy)
                 for hook in self.hooks:
                     runtime.add_hook(hook)
             return runtime
@@ -96,3 +147,14 @@ class RuntimePerLoop:
     @property
     def engine_names(self) -> tuple[str, ...]:
         return tuple(sorted(self.engines.engines))
+
+    def where(self) -> dict[str, str]:
+        """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
+        if self.placed is None:
+            return dict.fromkeys(self.engines.engines, "driver")
+        return self.placed.where()
+
+    def close(self) -> None:
+        """Kill the Ray actors of the engines (if any); a later call starts new ones."""
+        if self._finalizer is not None:
+            self._finalizer()

@@ -10,7 +10,9 @@ Ray, what test_vllm_local.py shows in-process:
   full request hits the warm-up's blocks (the actor's engine stats), and its greedy text
   equals a cold PREFILL -> DECODE of the same prompt;
 - a streamed PARTIAL_DECODE yields items, through the actor's streaming generator, before
-  the call ends; its KV handle routes it to the actor that holds the prompt.
+  the call ends; its KV handle routes it to the actor that holds the prompt;
+- a killed actor: its stream fails naming it, and the pool replaces it from the factory
+  (the next query waits for the new vLLM and answers the same greedy text).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def pool() -> Any:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     began = time.perf_counter()
     factory = VLLMLocalFactory(str(MODEL_DIR), name=ENGINE, env=CPU_ENV, **ENGINE_ARGS)
-    engines = RayEnginePool(factory, num_cpus=2)
+    engines = RayEnginePool(factory, num_cpus=2, replica_wait_s=900)  # vLLM loads for minutes on a busy CPU
     ready = time.perf_counter() - began
     print(f"\n[start] vLLM ready in its Ray actor (pid {engines.infos[0].pid}) after {ready:.1f}s")
     try:
@@ -160,3 +162,42 @@ def test_streamed_partial_decode_through_the_actor_delivers_items_early(pool: Ra
     assert len(timed_items) >= 3, text
     assert [item for _, item in timed_items] == Lines().parse(text)
     assert sum(1 for t, _ in timed_items if t < ended) >= 2  # several items before the call ended
+
+
+def test_a_killed_vllm_actor_fails_its_stream_and_is_replaced(pool: RayEnginePool) -> None:
+    """Last in the module (it replaces the fixture's actor). A stream that has yielded fails
+    naming the lost actor; the next query waits for the replacement vLLM and answers the same."""
+    from teola_core.runtime.ray_pool import EngineActorError
+
+    decode = node(K.DECODE, max_tokens=24)
+    prompt = fresh_prefix() + QUESTION
+
+    async def answer() -> str:
+        [pre] = await pool.run([Call("q", node(K.PREFILL), {"prompt": prompt})])
+        assert not isinstance(pre, BaseException)
+        [out] = await pool.run([Call("q", decode, {"kv": pre["kv"]})])
+        assert not isinstance(out, BaseException), out
+        return out["text"]
+
+    async def main() -> tuple[str, str, Any, Any, float]:
+        before = await answer()
+        [pre] = await pool.run([Call("q", node(K.PREFILL), {"prompt": prompt})])
+        lost = pool.infos[0]
+        stream = pool.stream(Call("q", decode, {"kv": pre["kv"]}))
+        await anext(stream)  # the decode is running in the actor
+        ray.kill(pool.actors[0], no_restart=True)
+        try:
+            async for _ in stream:
+                pass
+        except EngineActorError as exc:
+            error: Any = exc
+        began = time.perf_counter()
+        after = await answer()  # waits (bounded by replica_wait_s) for the replacement to load vLLM
+        return before, after, error, lost, time.perf_counter() - began
+
+    before, after, error, lost, waited = run(main(), timeout=900)
+    print(f"\n[ray kill] the next query waited {waited:.1f}s for the replacement vLLM; text {after!r}")
+    assert isinstance(error, EngineActorError) and "after its first deltas" in str(error) and error.actor == lost
+    assert error.actor.actor_id in str(error) and f"pid {error.actor.pid}" in str(error)
+    assert pool.infos[0] is not None and pool.infos[0].actor_id != error.actor.actor_id
+    assert after == before  # greedy text of the replacement equals the lost actor's
