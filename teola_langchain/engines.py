@@ -119,6 +119,7 @@ class LangChainEmbeddingEngine(Engine):
 
     kinds = frozenset({PrimitiveKind.EMBED})
     limits = EngineLimits(concurrency=16)
+    driver_only = True  # calls the app's own object with each query's mode: never in a Ray actor
 
     def __init__(self, name: str, embeddings: Embeddings) -> None:
         self.name = name
@@ -186,6 +187,7 @@ class LangChainVectorStoreEngine(PerCallEngine):
 
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
+    driver_only = True
 
     def __init__(self, name: str, store: VectorStore) -> None:
         self.name = name

@@ -74,6 +74,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         warn: warn once for each step Teola cannot look into.
         hooks: runtime hooks (e.g. `teola_core.runtime.timeline.SpanRecorder`) added to
             every runtime this runnable creates: they see each primitive's span.
+        ray: where engines run on the "ray" backend (`teola_core.runtime.ray_options.RayOptions`,
+            or a dict: `{"address": ..., "engines": {name or class: {"num_replicas": 2, ...}}}`).
         engines: which Teola engine runs a model, embeddings object or vector store of
             the chain: `(component, engine)` pairs, or a function
             `(component, default_engine) -> engine | None` (`engines.EngineChoices`).
@@ -97,6 +99,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         engines: EngineOption = None,
         execution: str = "auto",
         expected_items: int | None = None,
+        ray: Any = None,
     ) -> None:
         if execution not in ("auto", "graph"):
             raise ValueError(f"execution={execution!r}: expected 'auto' or 'graph'")
@@ -123,7 +126,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self.why = _what_pays(self.plan, self._engines.engines)
         self.on_graph = execution == "graph" or bool(self.why)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
-        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks)
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks, ray=ray)
         self._thread = LoopThread(f"teola:{self.name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)
@@ -174,7 +177,11 @@ class TeolaRunnable(Runnable[Input, Output]):
         out.append(section("execution", how))
         if self.plan.opaque:
             out.append(section("steps run as one call", "\n".join(f"- {o}" for o in self.plan.opaque)))
-        engines = [f"- {name}: {type(e).__name__}" for name, e in self._engines.engines.engines.items()]
+        where = self._runtimes.where()
+        engines = [
+            f"- {name}: {type(e).__name__}" + (f" ({where[name]})" if name in where else "")
+            for name, e in self._engines.engines.engines.items()
+        ]
         out.append(section("engines (profiles are keyed by these names)", "\n".join(engines) or "- none"))
         for sub in self.plan.graphs():
             out.append(section(f"p-graph {sub.name}", sub.pgraph.summary()))
@@ -187,8 +194,9 @@ class TeolaRunnable(Runnable[Input, Output]):
         return "\n".join(out)
 
     def close(self) -> None:
-        """Stop the event-loop thread of the sync methods (it restarts if used again)."""
+        """Stop the event-loop thread of the sync methods and any Ray actors (both restart if used again)."""
         self._thread.close()
+        self._runtimes.close()
 
     @property
     def engine_names(self) -> tuple[str, ...]:

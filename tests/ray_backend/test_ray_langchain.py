@@ -73,9 +73,6 @@ def test_a_chain_answers_on_ray_as_plain_with_its_callbacks(ray_cluster: Any) ->
         fast.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs driver_only = True on LangChainEmbeddingEngine and LangChainVectorStoreEngine (lead)"
-)
 def test_a_rag_chain_on_its_own_components_answers_on_ray_as_plain(ray_cluster: Any) -> None:
     """Every framework engine stays in the driver: nothing of the app's objects is copied to an actor."""
     chain = rag_chain(make_store())
@@ -104,9 +101,6 @@ def test_teola_engines_of_a_chain_run_in_actors_and_its_model_in_the_driver(lc_e
         fast._runtimes.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs the lead's adapter rewrite: optimize(..., ray=...) -> RuntimePerLoop(ray=)"
-)
 def test_optimize_places_a_chains_engines_by_resource(lc_engines: Any, resource_nodes: dict[str, str]) -> None:
     store = make_store()
     chain = rag_chain(store)
