@@ -39,6 +39,7 @@ coroutine of the process for the whole generation; Teola's path does not.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +48,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.split_units import ItemParser, Lines, SplitUnit
-from teola_llamaindex.common import QueryContext
 from teola_llamaindex.engines import EngineRegistry, needs_embedding
-from teola_llamaindex.retrieval import as_bundles, decomposable, only, resolve_objects, trace_retrieval
+from teola_llamaindex.scope import QueryContext
 from teola_llamaindex.synthesis import max_tokens_hint
+from teola_llamaindex.vector_retrieval import as_bundles, decomposable, only, resolve_objects, trace_vector_retrieval
 
 
 def query_lines(text: str) -> list[str]:
@@ -130,7 +131,8 @@ def trace_fusion(
     # The sub-retrievals go through aretrieve when use_async is set, even in a sync call.
     sub_ctx = b.call(_sub_context(fusion.use_async), {"ctx": ctx}, name="sub_context", inline=True)
     hits: dict[str, Value] = {
-        f"original_{i}": trace_retrieval(b, engines, r, bundle, sub_ctx) for i, r in enumerate(fusion._retrievers)
+        f"original_{i}": trace_vector_retrieval(b, engines, r, bundle, sub_ctx)
+        for i, r in enumerate(fusion._retrievers)
     }
     inputs: dict[str, Value] = {"query": bundle, "ctx": ctx}
     embedded: dict[str, Value] = {}
@@ -165,7 +167,7 @@ def trace_fusion(
             hits[f"generated_{i}"] = b.search(
                 vectors,
                 index,
-                engine=engines.retriever(r),
+                engine=engines.vector_search(r),
                 top_k=r.similarity_top_k,
                 items=generated,
                 embedded_queries=True,
@@ -181,7 +183,7 @@ def _as_bundle(query: Any) -> QueryBundle:
 
 def _sub_context(use_async: bool) -> Callable[[QueryContext], QueryContext]:
     def sub(ctx: QueryContext) -> QueryContext:
-        return QueryContext(sync=ctx.sync and not use_async)
+        return dataclasses.replace(ctx, sync=ctx.sync and not use_async)
 
     return sub
 

@@ -67,7 +67,7 @@ from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
 from teola_llamaindex.common import unwrap_error
 from teola_llamaindex.engines import LlamaIndexRetrieverEngine, needs_embedding
-from teola_llamaindex.retrieval import decomposable
+from teola_llamaindex.vector_retrieval import decomposable
 
 try:  # the workflow library's per-step context: which step is running (for the depth)
     from workflows.runtime.types.results import StepWorkerStateContextVar as _STEP_CONTEXT

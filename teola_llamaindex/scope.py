@@ -1,0 +1,99 @@
+"""Where a traced step runs the framework's own code: in the caller's context, on its thread.
+
+    ctx = QueryContext(sync=True, caller=CallerThread())  # taken inside the framework's own span
+    nodes = await ctx.call(retriever.retrieve, retriever.aretrieve, bundle)
+
+LlamaIndex keeps its instrumentation state (active span, callback trace stack, tags) in
+contextvars, so every step runs in a copy of the context captured where plain LlamaIndex
+would have run it: spans, events and callback events nest as they do without Teola. Sync
+queries run the framework's sync API on the thread that called the sync method, which
+serves the graph's steps while it waits (`CallerThread`), so thread-bound resources (an
+in-memory SQLite connection, thread locals) behave the same too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import queue
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+
+
+class CallerThread:
+    """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+
+    async def submit(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the caller's thread; its result or exception comes back here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, future, loop))
+        return await future
+
+    def serve(self, done: concurrent.futures.Future[T]) -> T:
+        """Run submitted calls, in order, until `done` is; then its result."""
+        done.add_done_callback(lambda _: self._jobs.put(None))
+        try:
+            while (job := self._jobs.get()) is not None:
+                fn, future, loop = job
+                try:
+                    result = fn()
+                except Exception as exc:
+                    loop.call_soon_threadsafe(_settle, future, None, exc)
+                else:
+                    loop.call_soon_threadsafe(_settle, future, result, None)
+            return done.result()
+        except BaseException:  # KeyboardInterrupt and the like: the query stops with the caller
+            done.cancel()
+            raise
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the step was cancelled meanwhile (its query failed)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """One query's facts for its steps: sync or async API, the caller's context and thread.
+
+    `scope`: the contextvars where plain LlamaIndex runs the traced code (captured when
+    the query starts, inside the framework's own span). `caller`: for sync queries, the
+    calling thread (None: a worker thread, where the caller cannot serve).
+    """
+
+    sync: bool
+    scope: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
+    caller: CallerThread | None = field(default=None, compare=False)
+
+    async def call(
+        self, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
+    ) -> T:
+        """The framework's sync API for sync queries, its async API for async ones."""
+        if self.sync:
+            return await self.blocking(sync_fn, *args, **kwargs)
+        return await self.awaiting(async_fn(*args, **kwargs))
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A sync framework call: on the caller's thread (sync queries) or a worker thread."""
+        scoped = self.scope.copy()
+        if self.sync and self.caller is not None:
+            return await self.caller.submit(lambda: scoped.run(fn, *args, **kwargs))
+        return await asyncio.to_thread(scoped.run, fn, *args, **kwargs)
+
+    async def awaiting(self, coro: Coroutine[Any, Any, T]) -> T:
+        """An async framework call, as a task in a copy of the scope (cancelled with the step)."""
+        return await asyncio.get_running_loop().create_task(coro, context=self.scope.copy())
