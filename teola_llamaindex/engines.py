@@ -33,8 +33,8 @@ _NO_SCOPE = QueryContext(sync=False)  # a query run elsewhere (a Ray actor): pla
 
 
 def context_of(contexts: Contexts, call: Call) -> QueryContext:
-    """The context of the query `call` belongs to (async and unscoped if it is unknown here)."""
-    return contexts.get(call.query_id, _NO_SCOPE)
+    """The context `call` runs in: its query's, its module's (async and unscoped if unknown here)."""
+    return contexts.get(call.query_id, _NO_SCOPE).for_module(call.node.module)
 
 
 def needs_embedding(retriever: Any) -> bool:
@@ -119,14 +119,13 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
 
-    def __init__(self, name: str, retriever: BaseRetriever, contexts: Contexts | None = None) -> None:
+    def __init__(self, name: str, retriever: BaseRetriever) -> None:
         self.name = name
         self.retriever = retriever
-        self.contexts: Contexts = {} if contexts is None else contexts
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         if "query" in call.inputs:  # the whole retrieval, as the caller would call it
-            ctx = context_of(self.contexts, call)
+            ctx = call.inputs["ctx"]
             return {"nodes": await ctx.call(self.retriever.retrieve, self.retriever.aretrieve, call.inputs["query"])}
         if call.node.config.get("embedded_queries", False):
             queries = list(call.inputs["vectors"])
@@ -159,11 +158,11 @@ class EngineRegistry:
 
     def retriever(self, retriever: BaseRetriever) -> str:
         """The engine of whole retrievals (`retrieve` / `aretrieve`)."""
-        return self._get(retriever, "retriever", lambda name: LlamaIndexRetrieverEngine(name, retriever, self.contexts))
+        return self._get(retriever, "retriever", lambda name: LlamaIndexRetrieverEngine(name, retriever))
 
     def vector_search(self, retriever: BaseRetriever) -> str:
         """The engine of a vector retriever's search half (`decompose=True`)."""
-        return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever, self.contexts))
+        return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
 
     def reranker(self, postprocessor: Any) -> str:
         from teola_llamaindex.rerank import LlamaIndexRerankEngine

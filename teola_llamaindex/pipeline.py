@@ -23,6 +23,7 @@ from llama_index.core.query_pipeline import QueryPipeline
 
 from teola_llamaindex.common import OpaqueModuleWarning
 from teola_llamaindex.dropin import LlamaIndexDropIn, weak_drop_in
+from teola_llamaindex.executor_spans import WaveSpans
 from teola_llamaindex.pipeline_trace import PipelinePlan, UnsupportedPipeline, trace_pipeline
 from teola_llamaindex.scope import QueryContext
 from teola_llamaindex.views import framework_view
@@ -60,7 +61,14 @@ class TeolaQueryPipelineExecutor(LlamaIndexDropIn):
 
     async def _multi(self, module_inputs: dict[str, Any], show_intermediates: bool, ctx: QueryContext) -> Outputs:
         assert self.plan is not None
-        collected = (await self.run_graph(self.plan.graph, {"inputs": module_inputs}, ctx))["result"]
+        spans = None if ctx.sync else WaveSpans(ctx.scope, self.plan.waves)  # async: the executor's spans
+        try:
+            out = await self.run_graph(self.plan.graph, {"inputs": module_inputs, "spans": spans}, ctx)
+        except BaseException as exc:
+            if spans is not None:
+                spans.fail(exc)
+            raise
+        collected = out["result"]
         outputs, intermediates = self.plan.compose(collected["outs"], collected["ins"], sync=ctx.sync)
         return outputs, intermediates if show_intermediates else {}
 

@@ -19,6 +19,7 @@ from llama_index.core.base.query_pipeline.query import QueryComponent, validate_
 from llama_index.core.query_pipeline.query import get_output, print_debug_input
 
 from teola_llamaindex.common import SKIPPED
+from teola_llamaindex.executor_spans import WaveSpans
 from teola_llamaindex.scope import QueryContext
 
 
@@ -176,3 +177,25 @@ def announce(key: str) -> Callable[..., Any]:
         return kwargs
 
     return show
+
+
+def begin(key: str) -> Callable[..., QueryContext]:
+    """The context the module runs in: in an async run, its own `worker` span (`executor_spans`)."""
+
+    def begin(kwargs: Any, ctx: QueryContext, spans: WaveSpans | None) -> QueryContext:
+        if spans is None or kwargs is SKIPPED:
+            return ctx
+        return ctx.in_module(key, spans.begin(key))
+
+    return begin
+
+
+def end(key: str) -> Callable[..., Any]:
+    """The module's output, once its `worker` span (if any) is closed."""
+
+    def end(output: Any, spans: WaveSpans | None) -> Any:
+        if spans is not None:
+            spans.end(key, None if output is SKIPPED else output)
+        return output
+
+    return end

@@ -38,8 +38,10 @@ from teola_llamaindex.pipeline_steps import (
     Link,
     announce,
     assemble,
+    begin,
     collect,
     deliver,
+    end,
     finish,
     pick,
     pick_optional,
@@ -160,6 +162,7 @@ def trace_pipeline(
     b = GraphBuilder(f"QueryPipeline:{pipeline.__class__.__name__}")
     ctx = b.input("context")
     inputs = b.input("inputs")
+    spans = b.input("spans")  # the async executor's spans (`executor_spans`), None in sync runs
     outs: dict[str, Value] = {}
     ins: dict[str, Value] = {}
     tracer = _Tracer(b, engines, ctx, warn, decompose)
@@ -182,7 +185,9 @@ def trace_pipeline(
                 kwargs = b.call(announce(m), {"kwargs": kwargs}, name="announce", inline=True)
             ins[m] = kwargs
             direct = _direct_prompt(modules[m], links[m], static, tracer.formats)
-            outs[m] = tracer.module(m, modules[m], kwargs, m in skippable, static, direct)
+            module_ctx = b.call(begin(m), {"kwargs": kwargs, "ctx": ctx, "spans": spans}, name="begin", inline=True)
+            out = tracer.module(m, modules[m], kwargs, module_ctx, m in skippable, static, direct)
+            outs[m] = b.call(end(m), {"output": out, "spans": spans}, name="end", inline=True)
     collected = {f"o{i}": outs[m] for i, m in enumerate(topo)} | {f"i{i}": ins[m] for i, m in enumerate(topo)}
     result = b.call(collect(topo), collected, name="collect", inline=True)
     b.output(result=result)
@@ -207,6 +212,7 @@ class _Tracer:
         key: str,
         component: QueryComponent,
         kwargs: Value,
+        ctx: Value,
         skippable: bool,
         static: dict[str, Value] | None,
         direct: Value | None,
@@ -216,11 +222,12 @@ class _Tracer:
         `static`: the values of the module's input keys by key when every link is required
         (so the key set is fixed); a prompt then formats each variable as soon as its own
         link delivers, which lets prefill split prefill a ready prefix early. `direct`: the
-        FORMAT output an LLM's prompt provably equals (see `_direct_prompt`).
+        FORMAT output an LLM's prompt provably equals (see `_direct_prompt`). `ctx`: the
+        module's context (`pipeline_steps.begin`), which its framework calls run in.
         """
-        b, ctx = self.b, self.ctx
+        b = self.b
         if skippable:
-            return self._whole(key, component, kwargs)
+            return self._whole(key, component, kwargs, ctx)
         if isinstance(component, LLMCompleteComponent) and not component.streaming:
             if direct is not None:
                 prompt = direct
@@ -228,6 +235,7 @@ class _Tracer:
                 validated = b.call(validate(component), {"kwargs": kwargs}, name="validate", inline=True)
                 prompt = b.call(pick("prompt"), {"validated": validated}, name="prompt", inline=True)
             out = b.llm(prompt, engine=self.engines.llm(component.llm), max_tokens=max_tokens_hint(component.llm))
+            b.after(ctx, out.text)  # the model call runs in the module's context
             return b.call(finish(component, "output"), {"value": out.text}, name="outputs", inline=True)
         if isinstance(component, PromptComponent) and (template := _formattable(component)) is not None:
             return self._prompt(key, component, template, kwargs, static)
@@ -239,15 +247,17 @@ class _Tracer:
             reranked = trace_rerank(b, engine, component.postprocessor, query, nodes, ctx, call="query_str")
             return b.call(finish(component, "nodes"), {"value": reranked}, name="outputs", inline=True)
         if isinstance(component, SynthesizerComponent):
-            return self._synthesizer(key, component, kwargs, static)
+            return self._synthesizer(key, component, kwargs, ctx, static)
         if isinstance(component, RetrieverComponent):
             validated = b.call(validate(component), {"kwargs": kwargs}, name="validate", inline=True)
             query = b.call(pick("input"), {"validated": validated}, name="query", inline=True)
             nodes = trace_retriever(b, self.engines, component.retriever, query, ctx, decompose=self.decompose)
             return b.call(finish(component, "output"), {"value": nodes}, name="outputs", inline=True)
-        return self._whole(key, component, kwargs)
+        return self._whole(key, component, kwargs, ctx)
 
-    def _whole(self, key: str, component: QueryComponent, kwargs: Value, warm: Value | None = None) -> Value:
+    def _whole(
+        self, key: str, component: QueryComponent, kwargs: Value, ctx: Value, warm: Value | None = None
+    ) -> Value:
         """The module as one call of its own `run_component` (inline for the pure ones)."""
         if isinstance(component, _INLINE):
             return self.b.call(run_inline(component), {"kwargs": kwargs}, name="run", inline=True)
@@ -259,7 +269,7 @@ class _Tracer:
                     OpaqueModuleWarning,
                     stacklevel=5,
                 )
-        inputs = {"kwargs": kwargs, "ctx": self.ctx} | ({} if warm is None else {"warm": warm})
+        inputs = {"kwargs": kwargs, "ctx": ctx} | ({} if warm is None else {"warm": warm})
         return self.b.call(run_module(component), inputs, name="run")
 
     def _prompt(
@@ -289,14 +299,14 @@ class _Tracer:
         return b.call(finish(component, "prompt"), {"value": prompt}, name="outputs", inline=True)
 
     def _synthesizer(
-        self, key: str, component: SynthesizerComponent, kwargs: Value, static: dict[str, Value] | None
+        self, key: str, component: SynthesizerComponent, kwargs: Value, ctx: Value, static: dict[str, Value] | None
     ) -> Value:
         """A prefix warm-up beside the whole synthesizer, or (decompose) plan + FORMAT + LLM."""
         b, synthesizer = self.b, component.synthesizer
         decomposed = self.decompose and why_opaque(synthesizer) is None
         prefix = None if decomposed else warmup_prefix(self.engines, synthesizer)
         if not decomposed and prefix is None:
-            return self._whole(key, component, kwargs)
+            return self._whole(key, component, kwargs, ctx)
         validated = b.call(validate(component), {"kwargs": kwargs}, name="validate", inline=True)
         partials = component.partial_dict
         if static is not None and ("query_str" in static or "query_str" in partials):
@@ -305,7 +315,7 @@ class _Tracer:
         else:
             query = b.call(pick("query_str"), {"validated": validated}, name="query", inline=True)
         if prefix is not None:
-            return self._whole(key, component, kwargs, trace_warmup(b, self.engines, synthesizer, prefix, query))
+            return self._whole(key, component, kwargs, ctx, trace_warmup(b, self.engines, synthesizer, prefix, query))
         nodes = b.call(pick("nodes"), {"validated": validated}, name="nodes", inline=True)
         response = trace_synthesis(
             b,
@@ -313,7 +323,7 @@ class _Tracer:
             synthesizer,
             query,
             nodes,
-            lambda: b.call(synthesize(synthesizer), {"validated": validated, "ctx": self.ctx}, name="run"),
+            lambda: b.call(synthesize(synthesizer), {"validated": validated, "ctx": ctx}, name="run"),
         )
         return b.call(finish(component, "output"), {"value": response}, name="outputs", inline=True)
 

@@ -40,9 +40,9 @@ def trace_retriever(
         return trace_vector_retrieval(b, engines, retriever, query, ctx)
     node = b.add(
         PrimitiveKind.SEARCH,
-        {"query": query},
+        {"query": query, "ctx": ctx},
         engine=engines.retriever(retriever),
-        input_ports=(PortSpec("query", PortType.ANY),),
+        input_ports=(PortSpec("query", PortType.ANY), PortSpec("ctx", PortType.ANY)),
         output_ports=(PortSpec("nodes", PortType.ANY),),
         caps=Capabilities(),
         name="retrieve",

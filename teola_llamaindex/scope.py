@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import queue
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -78,6 +79,16 @@ class QueryContext:
     sync: bool
     scope: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
     caller: CallerThread | None = field(default=None, compare=False)
+    modules: dict[str, QueryContext] = field(default_factory=dict, compare=False, repr=False)
+
+    def in_module(self, module: str, scope: contextvars.Context) -> QueryContext:
+        """This query's context for one module that runs in a scope of its own (a span of its own)."""
+        ctx = self.modules[module] = dataclasses.replace(self, scope=scope)
+        return ctx
+
+    def for_module(self, module: str | None) -> QueryContext:
+        """The context a module's primitives run in (`in_module`'s, or the query's)."""
+        return self.modules.get(module, self) if module is not None else self
 
     async def call(
         self, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any

@@ -23,7 +23,10 @@ def framework_view(obj: T, **methods: Any) -> T:
     """`obj` with `methods` in place of its class's (see the module docstring)."""
     cls = type(obj)
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, **methods}
-    hooked = type(cls)(cls.__name__, (cls,), namespace)
+    # `type.__new__` with the object's own metaclass: the class is made without the
+    # metaclass's construction hooks (pydantic would rebuild a schema: slow, and it fails
+    # for recursive models such as QueryPipeline); a view only swaps methods.
+    hooked = type.__new__(type(cls), cls.__name__, (cls,), namespace)
     view = object.__new__(hooked)
     for name in _STATE:
         try:

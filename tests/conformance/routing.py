@@ -93,7 +93,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 async for x in fn(*args, **kwargs):
                     chunks.append(x)
@@ -113,7 +113,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
             if _inside.get():
                 return await original(self, *args, **kwargs)
             fast, fn = _target(self, name, original, optimize)
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
@@ -134,7 +134,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            token = _inside.set(True)
             try:
                 for x in fn(*args, **kwargs):
                     chunks.append(x)
@@ -153,7 +153,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
         if _inside.get():
             return original(self, *args, **kwargs)
         fast, fn = _target(self, name, original, optimize)
-        token = _inside.set(MODE != "route")
+        token = _inside.set(True)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:

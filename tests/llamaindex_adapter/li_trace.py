@@ -14,11 +14,11 @@ import re
 from typing import Any
 
 from llama_index.core.callbacks.base_handler import BaseCallbackHandler
-from pydantic import PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.span.simple import SimpleSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+from pydantic import PrivateAttr
 
 _UUID = re.compile(r"-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -31,14 +31,14 @@ class _Spans(BaseSpanHandler[SimpleSpan]):
     _log: list[tuple[Any, ...]] = PrivateAttr(default_factory=list)
 
     def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: str | None = None, **kw: Any):
-        self._log.append(("span", _name(id_), "parent", _name(parent_span_id)))
+        self._log.append(("span", id_, "parent", parent_span_id))
         return SimpleSpan(id_=id_, parent_id=parent_span_id)
 
     def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **kw: Any):
-        self._log.append(("exit", _name(id_)))
+        self._log.append(("exit", id_))
 
     def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None, **kw: Any):
-        self._log.append(("drop", _name(id_), type(err).__name__))
+        self._log.append(("drop", id_, type(err).__name__))
 
 
 class _Events(BaseEventHandler):
@@ -49,7 +49,7 @@ class _Events(BaseEventHandler):
         return "RecorderEvents"
 
     def handle(self, event: Any, **kwargs: Any) -> None:
-        self._log.append(("event", event.class_name(), "in", _name(event.span_id)))
+        self._log.append(("event", event.class_name(), "in", event.span_id))
 
 
 class CallbackRecorder(BaseCallbackHandler):
@@ -62,7 +62,8 @@ class CallbackRecorder(BaseCallbackHandler):
 
     def on_event_start(self, event_type: Any, payload: Any = None, event_id: str = "", parent_id: str = "", **kw: Any):
         self._types[event_id] = str(event_type)
-        self.log.append(("cb-start", str(event_type), "under", self._types.get(parent_id, parent_id)))
+        parent = self._types.get(parent_id, parent_id if parent_id == "root" else "another manager's event")
+        self.log.append(("cb-start", str(event_type), "under", parent))
         return event_id
 
     def on_event_end(self, event_type: Any, payload: Any = None, event_id: str = "", **kw: Any) -> None:
@@ -96,4 +97,42 @@ class Recorder:
         root.event_handlers.remove(self._events)
 
     def tree(self) -> list[tuple[Any, ...]]:
-        return list(self.log)
+        """The log in order, span ids replaced by span names (for runs with no concurrency)."""
+        named = []
+        for entry in self.log:
+            if entry[0] in ("span", "exit", "drop"):
+                named.append((entry[0], _name(entry[1]), *(_name(e) if i == 1 else e for i, e in enumerate(entry[2:]))))
+            else:
+                named.append((*entry[:3], _name(entry[3])))
+        return named
+
+    def canonical(self) -> Any:
+        """The span tree, blind to the order of concurrent siblings (see `canonical`)."""
+        return canonical(self.log)
+
+
+def canonical(log: list[tuple[Any, ...]]) -> Any:
+    """The span tree of a `Recorder` log, blind to the order of concurrent siblings.
+
+    Each span: its name, its own events in order, how it ended (exit or drop), and its
+    child spans as a sorted multiset. Events outside any span are kept in order.
+    """
+    children: dict[str | None, list[str]] = {None: []}
+    events: dict[str | None, list[str]] = {None: []}
+    ends: dict[str, Any] = {}
+    for entry in log:
+        if entry[0] == "span":
+            children.setdefault(entry[3] if entry[3] in children else None, []).append(entry[1])
+            children[entry[1]], events[entry[1]] = [], []
+        elif entry[0] == "exit":
+            ends[entry[1]] = "exit"
+        elif entry[0] == "drop":
+            ends[entry[1]] = ("drop", entry[2])
+        else:
+            events[entry[3] if entry[3] in events else None].append(entry[1])
+
+    def node(span: str) -> Any:
+        subtree = sorted((node(c) for c in children[span]), key=repr)
+        return (_name(span), tuple(events[span]), ends.get(span), tuple(subtree))
+
+    return tuple(events[None]), tuple(sorted((node(c) for c in children[None]), key=repr))
