@@ -8,8 +8,8 @@ the callback trace) on a view of the engine (`views`) whose `_query`/`_aquery` r
 traced graph: the retriever, each node postprocessor and the synthesizer as primitives
 that call them exactly as `RetrieverQueryEngine._query` does, in its span. Any other
 query engine (a subclass included: it may override `_query`) runs as itself, as the one
-step of a graph; a `RetrieverQueryEngine` inside it (a tool's, a router's) is not
-traced. Everything else (`retrieve`, `synthesize`, attributes) is the original's.
+step of a graph, with the `RetrieverQueryEngine`s it holds (a router's, a tool's) traced
+(`nested`). Everything else (`retrieve`, `synthesize`, attributes) is the original's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from teola_core.ir.graph import Graph
 from teola_llamaindex.common import OpaqueModuleWarning
 from teola_llamaindex.dropin import LlamaIndexDropIn, weak_drop_in
 from teola_llamaindex.engines import EngineRegistry
+from teola_llamaindex.nested import with_traced_parts
 from teola_llamaindex.rerank import reranks, trace_rerank
 from teola_llamaindex.retrievers import trace_retriever
 from teola_llamaindex.scope import QueryContext
@@ -97,9 +98,13 @@ class TeolaQueryEngine(LlamaIndexDropIn):
     def __init__(self, engine: Any, **options: Any) -> None:
         super().__init__(engine, **options)
         self.traced = type(engine) is RetrieverQueryEngine
+        self.parts: list[TeolaQueryEngine] = []  # RetrieverQueryEngines inside an engine run as itself
         if not self.traced:
+            self._target, found = with_traced_parts(engine, lambda part: self._trace_part(part, options))
+            inside = f"; the {found} RetrieverQueryEngine(s) inside it are traced" if found else ""
             warnings.warn(
-                f"teola: {type(engine).__name__} runs as itself, one opaque step (teola traces RetrieverQueryEngine)",
+                f"teola: {type(engine).__name__} runs as itself, one opaque step{inside} "
+                "(teola traces RetrieverQueryEngine)",
                 OpaqueModuleWarning,
                 stacklevel=3,
             )
@@ -108,10 +113,23 @@ class TeolaQueryEngine(LlamaIndexDropIn):
         self.graph, self.passes = self.optimize_graph(self.pgraph)
         self._view = framework_view(engine, **_query_hooks(self))
 
+    def _trace_part(self, engine: RetrieverQueryEngine, options: dict[str, Any]) -> RetrieverQueryEngine:
+        part = TeolaQueryEngine(engine, **options)
+        self.parts.append(part)
+        return part._view
+
+    def close(self) -> None:
+        super().close()
+        for part in self.parts:
+            part.close()
+
     def explain(self) -> str:
         """The p-graph, the passes applied and the e-graph (or why the engine runs as itself)."""
         if not self.traced:
-            return f"{type(self.original).__name__}: runs as itself, one opaque step"
+            lines = [f"{type(self.original).__name__}: runs as itself, one opaque step"]
+            for i, part in enumerate(self.parts):
+                lines += [f"traced part {i} (RetrieverQueryEngine):", part.explain()]
+            return "\n".join(lines)
         synthesizer = self.original._response_synthesizer
         how = why_opaque(synthesizer) if self.decompose else "decompose=False"
         lines = [
@@ -121,12 +139,12 @@ class TeolaQueryEngine(LlamaIndexDropIn):
 
     def query(self, str_or_query_bundle: str | QueryBundle) -> Any:
         if not self.traced:
-            return self.call_opaque(self.original.query, str_or_query_bundle)
+            return self.call_opaque(self._target.query, str_or_query_bundle)
         return self._view.query(str_or_query_bundle)
 
     async def aquery(self, str_or_query_bundle: str | QueryBundle) -> Any:
         if not self.traced:
-            return await self.acall_opaque(self.original.aquery, str_or_query_bundle)
+            return await self.acall_opaque(self._target.aquery, str_or_query_bundle)
         return await self._view.aquery(str_or_query_bundle)
 
     async def _answer(self, query: QueryBundle, ctx: QueryContext) -> Any:

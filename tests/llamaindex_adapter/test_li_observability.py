@@ -19,11 +19,20 @@ import pytest
 from li_fakes import make_index, make_llm
 from li_trace import CallbackRecorder, Recorder
 from llama_index.core import PromptTemplate, Settings
+from llama_index.core.base.base_selector import BaseSelector
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.indices.query.query_transform.base import IdentityQueryTransform
 from llama_index.core.postprocessor import SimilarityPostprocessor
-from llama_index.core.query_engine import CustomQueryEngine, RetrieverQueryEngine
+from llama_index.core.query_engine import (
+    CustomQueryEngine,
+    RetrieverQueryEngine,
+    RouterQueryEngine,
+    TransformQueryEngine,
+)
 from llama_index.core.response_synthesizers import TreeSummarize, get_response_synthesizer
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.selectors import SelectorResult, SingleSelection
+from llama_index.core.tools import QueryEngineTool
 
 import teola
 from teola_llamaindex import OpaqueModuleWarning
@@ -237,3 +246,41 @@ def test_pipeline_callback_manager_set_by_run_stays_set_as_in_llamaindex() -> No
     before = len(recorder.log)
     fast.run(input="dogs")
     assert len(recorder.log) == 2 * before
+
+
+class SecondEngine(BaseSelector):
+    """Always picks the second choice (a router's LLM selector, without the LLM)."""
+
+    def _get_prompts(self) -> dict[str, Any]:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        pass
+
+    def _select(self, choices: Any, query: QueryBundle) -> SelectorResult:
+        return SelectorResult(selections=[SingleSelection(index=1, reason="fixed")])
+
+    async def _aselect(self, choices: Any, query: QueryBundle) -> SelectorResult:
+        return self._select(choices, query)
+
+
+def _router() -> RouterQueryEngine:
+    tools = [
+        QueryEngineTool.from_defaults(_engine(response_mode=mode), description=f"{mode} answers")
+        for mode in ("compact", "tree_summarize")
+    ]
+    return RouterQueryEngine(selector=SecondEngine(), query_engine_tools=tools, llm=make_llm())
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: TransformQueryEngine(_engine(), query_transform=IdentityQueryTransform()), _router],
+    ids=["transform", "router"],
+)
+def test_retriever_query_engines_inside_an_opaque_engine_are_traced(build: Callable[[], Any]) -> None:
+    engine = build()
+    with pytest.warns(OpaqueModuleWarning, match="RetrieverQueryEngine\\(s\\) inside it are traced"):
+        fast = teola.optimize(build())
+    _same_sequential(lambda: engine.query(QUESTION), lambda: fast.query(QUESTION))
+    _same_sequential(lambda: asyncio.run(engine.aquery(QUESTION)), lambda: asyncio.run(fast.aquery(QUESTION)))
+    assert fast.parts and sum(part.calls_on_graph for part in fast.parts) == 2
