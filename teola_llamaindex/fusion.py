@@ -1,40 +1,12 @@
-"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives.
+"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives (`decompose=True`).
 
-What `QueryFusionRetriever.(a)retrieve(q)` computes (llama-index-core 0.12 and 0.14):
-the queries are `[q]` plus what its LLM writes for
-`query_gen_prompt.format(num_queries=num_queries - 1, query=q.query_str)` (`llm.complete`,
-the text stripped of backticks, split into lines, each stripped, empty ones dropped,
-the first `num_queries - 1` kept); each query goes to each of its retrievers; the
-results, keyed `(query_str, retriever index)` in that order, are fused by `mode` and
-cut to `similarity_top_k`; then `BaseRetriever`'s recursive-retrieval step runs.
+    nodes = trace_fusion(b, engines, fusion_retriever, query, ctx)
 
-Traced as: the prompt (inline), the LLM call as PREFILL + DECODE whose items are split
-by `FusionQueries` (that same parse, incrementally), so decode pipelining hands each
-generated query to its retrievals while the model writes the next one; the original
-query's retrievals start at once; each (query, retriever) pair is EMBED + SEARCH on the
-retriever's engines (`retrieval`), batched with concurrent queries'; one call resolves
-each sub-retrieval's `IndexNode`s (as the sub-retriever's `aretrieve` would), builds the
-results dict in the original order and fuses it with the retriever's own fusion method
-and recursive step. The answer is the retriever's own.
-
-A `verbose` retriever prints its "Generated queries" from the fuse step, once the
-model's text is complete (before anything else the query prints, unless a sub-retriever
-is verbose too: then the whole retriever runs as one call, to keep the order of
-prints).
-
-Traced only when every sub-retriever is exactly a `VectorIndexRetriever` (so its
-retrieval splits into EMBED + SEARCH), and not for `use_async=False` with several
-retrievers: that sync path retrieves one after another on a shared bundle, and the
-first retriever's embedding, stored on it, is reused by the others. Anything else runs
-as one call.
-
-The retriever's configuration (its retrievers, `num_queries`, the prompt) is read when
-it is optimized: optimize again after changing it.
-
-The LLM is called through its async API (`acomplete`, or `astream_complete` when the
-decode is pipelined), as every Teola LlamaIndex engine calls models. Note that 0.12's
-`aretrieve` calls the sync `complete` from the event loop, which stalls every other
-coroutine of the process for the whole generation; Teola's path does not.
+The query-generation LLM call is a DECODE whose items (`FusionQueries`, the retriever's
+own parse of its lines, incrementally) go to their EMBED + SEARCH as soon as each line
+is written; the original query's retrievals start at once; one step fuses with the
+retriever's own method. The rules, and when a fusion retriever runs as one call:
+docs/llamaindex.md ("QueryFusionRetriever").
 """
 
 from __future__ import annotations

@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", action="store_true", help="pip install the suite's test dependencies first")
     parser.add_argument("--workdir", type=Path, default=None, help="where sources and reports go (default: a temp dir)")
     parser.add_argument("--source", type=Path, default=None, help="a source tree holding the suite's tests to use")
+    parser.add_argument("--least-passed", type=int, default=0, help="fail if fewer tests than this pass plain")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     try:
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {title}: {test}" + (f"  (known: {reason})" if reason else ""))
             failures += reason is None
     print(f"== conformance {suite.name}: {failures} unexplained difference(s)")
+    if passed < args.least_passed:
+        print(f"== conformance {suite.name}: only {passed} tests pass plain, expected at least {args.least_passed}")
+        return 1
     return 1 if failures else 0
 
 
