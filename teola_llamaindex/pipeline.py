@@ -73,46 +73,40 @@ class TeolaQueryPipelineExecutor(LlamaIndexDropIn):
         return outputs, intermediates if show_intermediates else {}
 
     # -- QueryPipeline's own methods, on the view (or as one opaque step) --------------------
-    def run(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.plan is None:
-            return self.call_opaque(self.original.run, *args, **kwargs)
-        return self._view.run(*args, **kwargs)
+            return self.call_opaque(getattr(self.original, method), *args, **kwargs)
+        return getattr(self._view, method)(*args, **kwargs)
+
+    async def _acall(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.plan is None:
+            return await self.acall_opaque(getattr(self.original, method), *args, **kwargs)
+        return await getattr(self._view, method)(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call("run", *args, **kwargs)
 
     async def arun(self, *args: Any, **kwargs: Any) -> Any:
-        if self.plan is None:
-            return await self.acall_opaque(self.original.arun, *args, **kwargs)
-        return await self._view.arun(*args, **kwargs)
+        return await self._acall("arun", *args, **kwargs)
 
     def run_with_intermediates(self, *args: Any, **kwargs: Any) -> Outputs:
-        if self.plan is None:
-            return self.call_opaque(self.original.run_with_intermediates, *args, **kwargs)
-        return self._view.run_with_intermediates(*args, **kwargs)
+        return self._call("run_with_intermediates", *args, **kwargs)
 
     async def arun_with_intermediates(self, *args: Any, **kwargs: Any) -> Outputs:
-        if self.plan is None:
-            return await self.acall_opaque(self.original.arun_with_intermediates, *args, **kwargs)
-        return await self._view.arun_with_intermediates(*args, **kwargs)
+        return await self._acall("arun_with_intermediates", *args, **kwargs)
 
     def run_multi(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if self.plan is None:
-            return self.call_opaque(self.original.run_multi, *args, **kwargs)
-        return self._view.run_multi(*args, **kwargs)
+        return self._call("run_multi", *args, **kwargs)
 
     async def arun_multi(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if self.plan is None:
-            return await self.acall_opaque(self.original.arun_multi, *args, **kwargs)
-        return await self._view.arun_multi(*args, **kwargs)
+        return await self._acall("arun_multi", *args, **kwargs)
 
     def run_multi_with_intermediates(self, *args: Any, **kwargs: Any) -> Outputs:
-        if self.plan is None:
-            return self.call_opaque(self.original.run_multi_with_intermediates, *args, **kwargs)
-        return self._view.run_multi_with_intermediates(*args, **kwargs)
+        return self._call("run_multi_with_intermediates", *args, **kwargs)
 
     async def arun_multi_with_intermediates(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The outputs only, as LlamaIndex's own `arun_multi_with_intermediates` returns."""
-        if self.plan is None:
-            return await self.acall_opaque(self.original.arun_multi_with_intermediates, *args, **kwargs)
-        return await self._view.arun_multi_with_intermediates(*args, **kwargs)
+        return await self._acall("arun_multi_with_intermediates", *args, **kwargs)
 
 
 def _executor_hooks(fast: TeolaQueryPipelineExecutor) -> dict[str, Any]:

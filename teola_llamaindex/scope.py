@@ -81,6 +81,10 @@ class QueryContext:
     caller: CallerThread | None = field(default=None, compare=False)
     modules: dict[str, QueryContext] = field(default_factory=dict, compare=False, repr=False)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to another process (a Ray actor): only `sync` travels; the caller's context cannot."""
+        return (QueryContext, (self.sync,))
+
     def in_module(self, module: str, scope: contextvars.Context) -> QueryContext:
         """This query's context for one module that runs in a scope of its own (a span of its own)."""
         ctx = self.modules[module] = dataclasses.replace(self, scope=scope)
