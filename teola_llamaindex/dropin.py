@@ -27,8 +27,8 @@ from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import unwrap_error
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.prefix_warmup import warmup_notes
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.scope import CallerThread, QueryContext
 
 T = TypeVar("T")

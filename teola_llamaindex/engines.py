@@ -1,19 +1,19 @@
 """The user's own LlamaIndex components as Teola engines, one engine per component object.
 
-    engines = EngineRegistry()
-    name = engines.llm(llm)              # "llm:MockLLM": decode calls llm.complete / acomplete
-    name = engines.retriever(retriever)  # "retriever:VectorIndexRetriever": retriever.retrieve / aretrieve
+    engine = LlamaIndexLLMEngine("llm:MockLLM", llm, contexts)   # decode: llm.complete / acomplete
+    engine = LlamaIndexRetrieverEngine("retriever:X", retriever)  # SEARCH: retriever.retrieve / aretrieve
 
-Every query that uses a component shares its engine, so their calls meet in one engine
-scheduler. An engine calls the component's own public method, sync or async as the
-query was called, in the query's context (`scope`), so the framework's spans, events
-and callbacks are its own. What each engine calls, and why these engines take one call
-per batch: docs/llamaindex.md ("Engines").
+`registry.EngineRegistry` makes one per component object, so every query that uses a
+component shares its engine and their calls meet in one engine scheduler. An engine
+calls the component's own public method, sync or async as the query was called, in the
+query's context (`scope`), so the framework's spans, events and callbacks are its own.
+What each engine calls, and why they take one call per batch: docs/llamaindex.md
+("Engines").
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -22,7 +22,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.schema import QueryBundle
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, Engine, EngineLimits, EngineSet, PerCallEngine
+from teola_core.engines.protocol import Call, EngineLimits, PerCallEngine
 from teola_core.ir.kinds import PrimitiveKind
 from teola_llamaindex.scope import QueryContext
 
@@ -133,41 +133,3 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
             bundles, vectors = call.inputs["index"], call.inputs["vectors"]
             queries = [QueryBundle(query_str=b.query_str, embedding=v) for b, v in zip(bundles, vectors, strict=True)]
         return {"hits": [await self.retriever._aretrieve(q) for q in queries]}
-
-
-class EngineRegistry:
-    """One engine per component object, named after its class; builds the `EngineSet`.
-
-    `warm_prefix`: for `OpenAILike` / `OpenAI` completion models, warm the ready prefix
-    of a split prefill on the model's server (see `prefix_warmup`). `contexts`: the
-    running queries' contexts, which the engines read by query id.
-    """
-
-    def __init__(self, *, warm_prefix: bool = True) -> None:
-        self.engines = EngineSet()
-        self.warm_prefix = warm_prefix
-        self.contexts: Contexts = {}
-
-    def llm(self, llm: LLM) -> str:
-        from teola_llamaindex.prefix_warmup import llm_engine
-
-        return self._get(llm, "llm", lambda name: llm_engine(name, llm, self.contexts, warm_prefix=self.warm_prefix))
-
-    def embedding(self, embed_model: BaseEmbedding) -> str:
-        return self._get(embed_model, "embed", lambda name: LlamaIndexEmbeddingEngine(name, embed_model))
-
-    def retriever(self, retriever: BaseRetriever) -> str:
-        """The engine of whole retrievals (`retrieve` / `aretrieve`)."""
-        return self._get(retriever, "retriever", lambda name: LlamaIndexRetrieverEngine(name, retriever))
-
-    def vector_search(self, retriever: BaseRetriever) -> str:
-        """The engine of a vector retriever's search half (`decompose=True`)."""
-        return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
-
-    def reranker(self, postprocessor: Any) -> str:
-        from teola_llamaindex.rerank import LlamaIndexRerankEngine
-
-        return self._get(postprocessor, "rerank", lambda name: LlamaIndexRerankEngine(name, postprocessor))
-
-    def _get(self, component: object, prefix: str, make: Callable[[str], Engine]) -> str:
-        return self.engines.engine_for(component, prefix, make)

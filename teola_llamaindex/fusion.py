@@ -20,7 +20,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.split_units import ItemParser, Lines, SplitUnit
-from teola_llamaindex.engines import EngineRegistry, needs_embedding
+from teola_llamaindex.engines import needs_embedding
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.scope import QueryContext
 from teola_llamaindex.synthesis import max_tokens_hint
 from teola_llamaindex.vector_retrieval import as_bundles, decomposable, only, resolve_objects, trace_vector_retrieval

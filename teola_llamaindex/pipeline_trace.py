@@ -32,7 +32,6 @@ from llama_index.core.response_synthesizers.base import SynthesizerComponent
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_llamaindex.common import OpaqueModuleWarning
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.formatting import segments_of
 from teola_llamaindex.pipeline_steps import (
     Link,
@@ -53,6 +52,7 @@ from teola_llamaindex.pipeline_steps import (
     synthesize,
     validate,
 )
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.rerank import reranks, trace_rerank
 from teola_llamaindex.retrievers import trace_retriever
 from teola_llamaindex.synthesis import max_tokens_hint, trace_synthesis, trace_warmup, warmup_prefix, why_opaque

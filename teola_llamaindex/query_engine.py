@@ -27,8 +27,8 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_llamaindex.common import OpaqueModuleWarning
 from teola_llamaindex.dropin import LlamaIndexDropIn, weak_drop_in
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.nested import with_traced_parts
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.rerank import reranks, trace_rerank
 from teola_llamaindex.retrievers import trace_retriever
 from teola_llamaindex.scope import QueryContext

@@ -18,8 +18,8 @@ from llama_index.core.retrievers.fusion_retriever import QueryFusionRetriever
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
 from teola_core.ir.types import PortType
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.fusion import trace_fusion, why_not_traced
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.vector_retrieval import decomposable, trace_vector_retrieval
 
 

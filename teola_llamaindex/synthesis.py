@@ -24,8 +24,9 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
 from teola_core.ir.prompt import PromptTemplate
 from teola_core.ir.types import PortType
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.formatting import predict_template
+from teola_llamaindex.prefix_warmup import why_no_warmup
+from teola_llamaindex.registry import EngineRegistry
 
 _CLASSES = (Refine, CompactAndRefine, SimpleSummarize)
 _OPAQUE: dict[str, Any] = {"single": False, "context": None, "prompt": None}
@@ -62,8 +63,6 @@ def warmup_prefix(engines: EngineRegistry, synthesizer: Any) -> PromptTemplate |
     other than `query_str` (so up to the nodes' text). Only for the exact one-prompt
     classes with a completion model whose server warms (`prefix_warmup.why_no_warmup`).
     """
-    from teola_llamaindex.prefix_warmup import why_no_warmup
-
     if type(synthesizer) not in _CLASSES or not engines.warm_prefix or why_no_warmup(synthesizer._llm) is not None:
         return None
     template = predict_template(synthesizer._text_qa_template, synthesizer._llm, ("query_str", "context_str"))

@@ -19,7 +19,8 @@ from llama_index.core.indices.vector_store.retrievers.retriever import VectorInd
 from llama_index.core.schema import IndexNode, NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
-from teola_llamaindex.engines import EngineRegistry, needs_embedding
+from teola_llamaindex.engines import needs_embedding
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.scope import QueryContext
 
 
