@@ -436,3 +436,13 @@ def test_prefill_split_prefills_the_ready_question_and_keeps_the_answer() -> Non
     assert PrimitiveKind.PARTIAL_PREFILL in kinds, fast.explain()
     assert fast.run(input="cats?") == p.run(input="cats?")
     assert asyncio.run(fast.arun(input="cats?")) == p.run(input="cats?")
+
+
+def test_one_llm_feeding_another_is_traced_and_equal() -> None:
+    """A completion fed to a second LLM (LlamaIndex turns it into its text): no IR type refuses it."""
+    pipeline = QueryPipeline(chain=[PromptTemplate("Q: {x}"), _llm(), make_llm(max_tokens=4)])
+    fast = _quiet(pipeline)
+    assert fast.plan is not None
+    assert [n.kind for n in fast.plan.graph.nodes.values() if n.engine].count(PrimitiveKind.DECODE) == 2
+    assert str(fast.run(x="a")) == str(pipeline.run(x="a"))
+    assert str(asyncio.run(fast.arun(x="a"))) == str(pipeline.run(x="a"))
