@@ -29,7 +29,7 @@ from teola_core.runtime.loop_thread import LoopThread
 from teola_llamaindex.common import unwrap_error
 from teola_llamaindex.prefix_warmup import warmup_notes
 from teola_llamaindex.registry import EngineRegistry
-from teola_llamaindex.scope import CallerThread, QueryContext
+from teola_llamaindex.scope import CallerLoop, CallerThread, QueryContext
 
 T = TypeVar("T")
 
@@ -123,8 +123,15 @@ class LlamaIndexDropIn:
         raise error
 
     def run_sync(self, work: Callable[[QueryContext], Awaitable[T]]) -> T:
-        """`work(ctx)` for a sync call: on this object's loop thread, the framework's sync
-        calls on the calling thread, which serves them until the work is done."""
+        """`work(ctx)` for a sync call; the framework's sync calls run on the calling thread.
+
+        The graph runs on an event loop of the calling thread that the call drives
+        (`CallerLoop`); where that thread already runs a loop (a sync call from async
+        code), on this object's loop thread while the caller serves its calls (`CallerThread`).
+        """
+        if CallerLoop.usable():
+            loop = CallerLoop()
+            return loop.drive(_awaited(work(QueryContext(sync=True, caller=loop))))
         caller = CallerThread()
         return caller.serve(self._thread.submit(_awaited(work(QueryContext(sync=True, caller=caller)))))
 

@@ -6,18 +6,22 @@
 LlamaIndex keeps its instrumentation state (active span, callback trace stack, tags) in
 contextvars, so every step runs in a copy of the context captured where plain LlamaIndex
 would have run it: spans, events and callback events nest as they do without Teola. Sync
-queries run the framework's sync API on the thread that called the sync method, which
-serves the graph's steps while it waits (`CallerThread`), so thread-bound resources (an
-in-memory SQLite connection, thread locals) behave the same too.
+queries run the framework's sync API on the thread that called the sync method, outside
+any running loop (`CallerLoop`, or `CallerThread` where that thread runs a loop already),
+so thread-bound resources (an in-memory SQLite connection, thread locals) behave the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import queue
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,7 +32,8 @@ _Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
 
 
 class CallerThread:
-    """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's)."""
+    """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's),
+    while the graph runs on another thread's loop (the caller's own loop is busy)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -58,6 +63,75 @@ class CallerThread:
             raise
 
 
+class CallerLoop:
+    """Runs a sync query's graph on an event loop of the calling thread, driven by `drive`:
+    the loop turns until a framework call is due, which then runs outside the loop (as in
+    plain LlamaIndex: no running loop), and so on until the graph is done. No thread hops.
+    """
+
+    _loops = threading.local()
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = collections.deque()
+        self._wake: asyncio.Future[None] | None = None
+
+    @classmethod
+    def usable(cls) -> bool:
+        """True when this thread runs no event loop (else a loop thread has to run the graph)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        return False
+
+    async def submit(self, fn: Callable[[], T]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.append((fn, future))
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+        return await future
+
+    def drive(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on this thread's loop (kept for the thread's life, so runtimes stay)."""
+        loop = self._loop()
+        task = loop.create_task(work, context=contextvars.copy_context())
+        try:
+            while True:
+                loop.run_until_complete(self._due(task))
+                while self._jobs:
+                    fn, future = self._jobs.popleft()
+                    try:
+                        result = fn()
+                    except Exception as exc:
+                        _settle(future, None, exc)
+                    else:
+                        _settle(future, result, None)
+                if task.done():
+                    return task.result()
+        except BaseException:  # KeyboardInterrupt and the like: the query stops with the caller
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+            raise
+
+    async def _due(self, task: asyncio.Task[Any]) -> None:
+        """Return once a framework call is due or the work is done."""
+        if self._jobs or task.done():
+            return
+        self._wake = wake = asyncio.get_running_loop().create_future()
+        task.add_done_callback(lambda _: wake.done() or wake.set_result(None))
+        await wake
+
+    @classmethod
+    def _loop(cls) -> asyncio.AbstractEventLoop:
+        loop = getattr(cls._loops, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = cls._loops.loop = asyncio.new_event_loop()
+            weakref.finalize(threading.current_thread(), loop.close)
+        return loop
+
+
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.done():  # the step was cancelled meanwhile (its query failed)
         return
@@ -78,7 +152,7 @@ class QueryContext:
 
     sync: bool
     scope: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
-    caller: CallerThread | None = field(default=None, compare=False)
+    caller: CallerThread | CallerLoop | None = field(default=None, compare=False)
     modules: dict[str, QueryContext] = field(default_factory=dict, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
