@@ -69,7 +69,10 @@ def _llamaindex_paths() -> tuple[str, ...]:
 
 def _llamaindex() -> Suite:
     """The release-commit tests of the installed llama-index-core line (0.12 or 0.14)."""
-    spec = importlib.util.find_spec("llama_index.core")
+    try:
+        spec = importlib.util.find_spec("llama_index.core")
+    except ModuleNotFoundError:
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise Unavailable("llama-index-core is not installed")
     package = Path(next(iter(spec.submodule_search_locations)))
