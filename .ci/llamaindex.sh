@@ -4,7 +4,11 @@
 # --llamaindex`) and 0.14.x (query engines, Workflows), each with the OpenAILike client
 # release of its line (the prefix warm-up tests). Fails if pytest fails, or if a
 # line ran fewer tests than it must (so a suite that silently stopped being collected
-# fails CI). Venvs go to $TEOLA_LI_VENVS (default: a temporary folder, removed at exit).
+# fails CI). Then, per line, LlamaIndex's own tests of that release plain and routed
+# through `teola.optimize` (tests/conformance/run.py; about a minute a line): fails on
+# any regression or differing result not listed in known_differences.py, skips (saying
+# why) when the shared copy of those tests is absent. Venvs go to $TEOLA_LI_VENVS
+# (default: a temporary folder, removed at exit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${TEOLA_LI_PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -17,9 +21,9 @@ else
 fi
 
 # line name, llama-index-core requirement, OpenAILike requirement, least passed tests,
-# least passed QueryPipeline tests
+# least passed QueryPipeline tests, least of LlamaIndex's own tests passing plain
 run_line() {
-  local name="$1" spec="$2" openai_like="$3" least="$4" least_pipeline="$5"
+  local name="$1" spec="$2" openai_like="$3" least="$4" least_pipeline="$5" least_own="$6"
   local venv="$BASE/venv-$name" report="$BASE/$name.xml"
   echo "== llamaindex: $name ($spec)"
   rm -rf "$venv"
@@ -39,8 +43,10 @@ print(f"== llamaindex: {name}: {len(passed)} passed ({len(pipeline)} QueryPipeli
 if len(passed) < least or len(pipeline) < least_pipeline:
     sys.exit(f"{name}: expected at least {least} passed tests ({least_pipeline} QueryPipeline)")
 PY
+  (cd "$ROOT" && "$venv/bin/python" tests/conformance/run.py llamaindex --install --least-passed "$least_own" \
+    --workdir "$BASE/conformance-$name")
 }
 
-run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 120 66
-run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 55 0
+run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 225 85 80
+run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 140 0 50
 echo "== llamaindex: both lines passed"

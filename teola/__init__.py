@@ -11,8 +11,8 @@ def optimize(runnable: Any, **options: Any) -> Any:
     """A drop-in, optimized version of a LangChain runnable or a LlamaIndex object.
 
     LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LlamaIndex
-    `QueryPipeline`s, `RetrieverQueryEngine`s and `Workflow` subclasses (recognised by the
-    package of a class in their MRO): see `teola_llamaindex` (extra `llamaindex`).
+    objects (recognised by the package of a class in their MRO: query engines,
+    `QueryPipeline`s, `Workflow`s, agents): see `teola_llamaindex` (extra `llamaindex`).
     """
     packages = {c.__module__.split(".")[0] for c in type(runnable).__mro__}
     if packages & {"llama_index", "workflows"}:

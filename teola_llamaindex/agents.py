@@ -1,38 +1,14 @@
 """Run a LlamaIndex agent (`FunctionAgent`, `ReActAgent`) with its calls on Teola's agent runtime.
 
-    from teola import optimize
-    fast = optimize(agent, idempotent_tools={"lookup": "v1"})
+    fast = teola.optimize(agent, idempotent_tools={"lookup": "v1"})
     handler = fast.run(user_msg="...")          # the same handler: stream_events(), await
-    async for event in handler.stream_events():
-        ...
     output = await handler                      # the AgentOutput the plain agent returns
 
-An agent decides its next step only when the model answers, so its graph is taken one
-step at a time (`teola_core.agents`): every run is one `Program`; every model call the
-agent makes in `take_step(ctx, llm_input, tools, memory)` (and the extra call of
-`early_stopping_method="generate"`) is a `Program.generate` on an engine whose decode
-runs the agent's own `take_step`, so the model is called exactly as the plain agent
-calls it (chat or stream, tool schemas, events written to the stream, scratchpad kept
-in the context store); every tool call of `_call_tool(ctx, tool, tool_input)` is a
-`Program.call_tool`, which times it (the TTL rule's tool durations) and, for the
-tools the user declares idempotent (`idempotent_tools={name: version}`), shares the
-result across runs with identical calls in flight merged. A tool failure is not kept:
-the `ToolOutput(is_error=True)` the agent makes of it goes to every merged waiter and
-the next call runs the tool again. Each runner gets its own copy of a shared output.
-
-The user's agent is not touched: `optimize` makes a shallow copy (`model_copy`, same
-LLM, tools and workflow settings, taken once) whose class is a subclass of the agent's
-own with the hooks. A model call runs inside the engine's task, so it is run in the
-calling step's `contextvars` context: the workflow library keeps the running step
-there (`send_event`, `collect_events`, `wait_for_event` read it), and so do the
-caller's tracing and LlamaIndex's instrumentation; an engine task started for one run
-would otherwise carry another run's. Structured output (`output_cls`) is made by the
-agent's `parse_agent_output` step, outside `take_step`, and is not routed. Works on
-both llama-index-core lines: 0.12.52 (workflows 1.x, whose handler is a future) and
-0.14 (workflows 2.x).
-
-One `AgentRuntime` per event loop, shared by every run of the wrapper on that loop: the
-runs' model calls meet in one engine scheduler, ordered by program (FCFS by default).
+Every run is one `Program` (`teola_core.agents`); every model call the agent makes in
+`take_step` is a `Program.generate` whose decode runs the agent's own `take_step` in the
+calling step's context, and every tool call a `Program.call_tool` (timed; shared across
+runs for tools declared idempotent). The agent is not touched: a hooked shallow copy
+runs. Details: docs/llamaindex.md ("Agents").
 """
 
 from __future__ import annotations

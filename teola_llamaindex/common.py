@@ -1,8 +1,5 @@
-"""What every traced LlamaIndex graph shares: the query context, the skip marker, errors.
+"""What every traced LlamaIndex graph shares: the opaque-module warning, the skip marker, errors.
 
-- `QueryContext` is fed to each graph as its `context` input; user steps read `sync`
-  from it to call a component's sync API in a worker thread (as LlamaIndex's sync path
-  does) or its async API on the loop.
 - `SKIPPED` is the value of a module that a conditional link kept from running; it flows
   along data edges so the modules behind it are skipped too, as QueryPipeline does.
 - `unwrap_error` gives the caller the exception the user's component raised, with a
@@ -11,7 +8,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from teola_core.ir.errors import PrimitiveError
@@ -19,13 +15,6 @@ from teola_core.ir.errors import PrimitiveError
 
 class OpaqueModuleWarning(UserWarning):
     """A module Teola cannot see into runs as one opaque `call` (warned once per module)."""
-
-
-@dataclass(frozen=True)
-class QueryContext:
-    """Per-query facts the graph's user steps need. `sync`: called through a sync method."""
-
-    sync: bool
 
 
 class _Skipped:

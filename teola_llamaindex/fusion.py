@@ -1,44 +1,17 @@
-"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives.
+"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives (`decompose=True`).
 
-What `QueryFusionRetriever.(a)retrieve(q)` computes (llama-index-core 0.12 and 0.14):
-the queries are `[q]` plus what its LLM writes for
-`query_gen_prompt.format(num_queries=num_queries - 1, query=q.query_str)` (`llm.complete`,
-the text stripped of backticks, split into lines, each stripped, empty ones dropped,
-the first `num_queries - 1` kept); each query goes to each of its retrievers; the
-results, keyed `(query_str, retriever index)` in that order, are fused by `mode` and
-cut to `similarity_top_k`; then `BaseRetriever`'s recursive-retrieval step runs.
+    nodes = trace_fusion(b, engines, fusion_retriever, query, ctx)
 
-Traced as: the prompt (inline), the LLM call as PREFILL + DECODE whose items are split
-by `FusionQueries` (that same parse, incrementally), so decode pipelining hands each
-generated query to its retrievals while the model writes the next one; the original
-query's retrievals start at once; each (query, retriever) pair is EMBED + SEARCH on the
-retriever's engines (`retrieval`), batched with concurrent queries'; one call resolves
-each sub-retrieval's `IndexNode`s (as the sub-retriever's `aretrieve` would), builds the
-results dict in the original order and fuses it with the retriever's own fusion method
-and recursive step. The answer is the retriever's own.
-
-A `verbose` retriever prints its "Generated queries" from the fuse step, once the
-model's text is complete (before anything else the query prints, unless a sub-retriever
-is verbose too: then the whole retriever runs as one call, to keep the order of
-prints).
-
-Traced only when every sub-retriever is exactly a `VectorIndexRetriever` (so its
-retrieval splits into EMBED + SEARCH), and not for `use_async=False` with several
-retrievers: that sync path retrieves one after another on a shared bundle, and the
-first retriever's embedding, stored on it, is reused by the others. Anything else runs
-as one call.
-
-The retriever's configuration (its retrievers, `num_queries`, the prompt) is read when
-it is optimized: optimize again after changing it.
-
-The LLM is called through its async API (`acomplete`, or `astream_complete` when the
-decode is pipelined), as every Teola LlamaIndex engine calls models. Note that 0.12's
-`aretrieve` calls the sync `complete` from the event loop, which stalls every other
-coroutine of the process for the whole generation; Teola's path does not.
+The query-generation LLM call is a DECODE whose items (`FusionQueries`, the retriever's
+own parse of its lines, incrementally) go to their EMBED + SEARCH as soon as each line
+is written; the original query's retrievals start at once; one step fuses with the
+retriever's own method. The rules, and when a fusion retriever runs as one call:
+docs/llamaindex.md ("QueryFusionRetriever").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +20,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.split_units import ItemParser, Lines, SplitUnit
-from teola_llamaindex.common import QueryContext
-from teola_llamaindex.engines import EngineRegistry, needs_embedding
-from teola_llamaindex.retrieval import as_bundles, decomposable, only, resolve_objects, trace_retrieval
+from teola_llamaindex.engines import needs_embedding
+from teola_llamaindex.registry import EngineRegistry
+from teola_llamaindex.scope import QueryContext
 from teola_llamaindex.synthesis import max_tokens_hint
+from teola_llamaindex.vector_retrieval import as_bundles, decomposable, only, resolve_objects, trace_vector_retrieval
 
 
 def query_lines(text: str) -> list[str]:
@@ -130,7 +104,8 @@ def trace_fusion(
     # The sub-retrievals go through aretrieve when use_async is set, even in a sync call.
     sub_ctx = b.call(_sub_context(fusion.use_async), {"ctx": ctx}, name="sub_context", inline=True)
     hits: dict[str, Value] = {
-        f"original_{i}": trace_retrieval(b, engines, r, bundle, sub_ctx) for i, r in enumerate(fusion._retrievers)
+        f"original_{i}": trace_vector_retrieval(b, engines, r, bundle, sub_ctx)
+        for i, r in enumerate(fusion._retrievers)
     }
     inputs: dict[str, Value] = {"query": bundle, "ctx": ctx}
     embedded: dict[str, Value] = {}
@@ -165,7 +140,7 @@ def trace_fusion(
             hits[f"generated_{i}"] = b.search(
                 vectors,
                 index,
-                engine=engines.retriever(r),
+                engine=engines.vector_search(r),
                 top_k=r.similarity_top_k,
                 items=generated,
                 embedded_queries=True,
@@ -181,7 +156,7 @@ def _as_bundle(query: Any) -> QueryBundle:
 
 def _sub_context(use_async: bool) -> Callable[[QueryContext], QueryContext]:
     def sub(ctx: QueryContext) -> QueryContext:
-        return QueryContext(sync=ctx.sync and not use_async)
+        return dataclasses.replace(ctx, sync=ctx.sync and not use_async)
 
     return sub
 

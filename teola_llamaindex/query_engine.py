@@ -1,61 +1,49 @@
-"""Trace a `RetrieverQueryEngine` (what `index.as_query_engine()` returns) and run it.
+"""Any LlamaIndex query engine on Teola: `RetrieverQueryEngine` traced, others as one step.
 
-    from teola import optimize
-    fast = optimize(index.as_query_engine())
-    str(fast.query("why?")) == str(engine.query("why?"))
+    fast = teola.optimize(index.as_query_engine())
+    str(fast.query("why?")) == str(engine.query("why?"))    # spans, events, callbacks too
 
-`RetrieverQueryEngine._query` is retrieve -> node postprocessors, in order -> response
-synthesizer. Traced: the retriever as EMBED + SEARCH when it is a
-`VectorIndexRetriever`, as query generation + per-query EMBED + SEARCH + fusion when it
-is a `QueryFusionRetriever` over those (see `retrievers`; any other retriever is one
-call); each reranking postprocessor as a RERANK primitive on its own engine and each
-local filter as one call (see `rerank`: `postprocess_nodes(nodes, query_bundle=...)`, or
-`apostprocess_nodes` in async queries); the synthesizer as plan + FORMAT + LLM
-primitives for "compact", "simple_summarize" and single-chunk "refine" (see
-`synthesis`), else as one call (`synthesize`/`asynthesize(query=bundle, nodes=nodes)`:
-refine chains, tree_summarize, ...). A string query becomes `QueryBundle(query)` first,
-as `BaseQueryEngine.query` does. Only the exact class is traced (a subclass may
-override `_query`); `optimize` rejects others.
+`query`/`aquery` are LlamaIndex's own (the query span, `QueryStartEvent`/`QueryEndEvent`,
+the callback trace) on a view of the engine (`views`) whose `_query`/`_aquery` runs the
+traced graph: the retriever, each node postprocessor and the synthesizer as primitives
+that call them exactly as `RetrieverQueryEngine._query` does, in its span. Any other
+query engine (a subclass included: it may override `_query`) runs as itself, as the one
+step of a graph, with the `RetrieverQueryEngine`s it holds (a router's, a tool's) traced
+(`nested`). Everything else (`retrieve`, `synthesize`, attributes) is the original's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable
 from typing import Any
 
+import llama_index.core.instrumentation as instrument
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle
 
-from teola_core.ir.builder import GraphBuilder
-from teola_core.ir.errors import PrimitiveError
+from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
-from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
-from teola_core.runtime.loop_thread import LoopThread
-from teola_llamaindex.common import QueryContext, unwrap_error
-from teola_llamaindex.engines import EngineRegistry
-from teola_llamaindex.openai_compat import warmup_notes
-from teola_llamaindex.optimizing import optimize_graph
+from teola_llamaindex.common import OpaqueModuleWarning
+from teola_llamaindex.dropin import LlamaIndexDropIn, weak_drop_in
+from teola_llamaindex.nested import with_traced_parts
+from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.rerank import reranks, trace_rerank
-from teola_llamaindex.retrievers import trace_retriever, traceable
-from teola_llamaindex.synthesis import trace_synthesis, why_opaque
+from teola_llamaindex.retrievers import trace_retriever
+from teola_llamaindex.scope import QueryContext
+from teola_llamaindex.synthesis import trace_synthesis, trace_warmup, warmup_prefix, why_opaque
+from teola_llamaindex.views import framework_view
 
 
-def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry) -> Graph:
-    """The engine's `_query` as a graph with inputs `query` (a bundle) and `context`."""
-    if type(engine) is not RetrieverQueryEngine:
-        raise TypeError(f"teola traces RetrieverQueryEngine itself, not {type(engine).__name__}")
+def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry, *, decompose: bool = False) -> Graph:
+    """`RetrieverQueryEngine._query`'s body as a graph with inputs `query` (a bundle) and `context`."""
     b = GraphBuilder("RetrieverQueryEngine")
     ctx = b.input("context")
     query = b.input("query")
     retriever = engine.retriever
     with b.module(f"retriever:{type(retriever).__name__}"):
-        if traceable(retriever):
-            nodes = trace_retriever(b, engines, retriever, query, ctx)
-        else:
-            nodes = b.call(_retrieve(retriever), {"query": query, "ctx": ctx}, name="retrieve")
+        nodes = trace_retriever(b, engines, retriever, query, ctx, decompose=decompose)
     for i, postprocessor in enumerate(engine._node_postprocessors):
         with b.module(f"postprocessor{i}:{type(postprocessor).__name__}"):
             if reranks(postprocessor):
@@ -65,13 +53,16 @@ def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry) ->
                 nodes = b.call(_postprocess(postprocessor), {"nodes": nodes, "query": query, "ctx": ctx}, name="run")
     synthesizer = engine._response_synthesizer
     with b.module(f"synthesizer:{type(synthesizer).__name__}"):
-        inputs = {"nodes": nodes, "query": query, "ctx": ctx}
-        if why_opaque(synthesizer) is None:
+        inputs: dict[str, Value] = {"nodes": nodes, "query": query, "ctx": ctx}
+        if decompose and why_opaque(synthesizer) is None:
             query_str = b.call(_query_str, {"query": query}, name="query_str", inline=True)
             response = trace_synthesis(
                 b, engines, synthesizer, query_str, nodes, lambda: b.call(_synthesize(synthesizer), inputs, name="run")
             )
         else:
+            if (prefix := warmup_prefix(engines, synthesizer)) is not None:
+                query_str = b.call(_query_str, {"query": query}, name="query_str", inline=True)
+                inputs["warm"] = trace_warmup(b, engines, synthesizer, prefix, query_str)
             response = b.call(_synthesize(synthesizer), inputs, name="run")
     b.output(response=response)
     return b.build(chain_modules=False)
@@ -81,110 +72,102 @@ def _query_str(query: QueryBundle) -> str:
     return query.query_str
 
 
-def _retrieve(retriever: Any) -> Callable[..., Any]:
-    async def run(query: QueryBundle, ctx: QueryContext) -> Any:
-        if ctx.sync:
-            return await asyncio.to_thread(retriever.retrieve, query)
-        return await retriever.aretrieve(query)
-
-    return run
-
-
 def _postprocess(postprocessor: Any) -> Callable[..., Any]:
     async def run(nodes: Any, query: QueryBundle, ctx: QueryContext) -> Any:
-        if ctx.sync:
-            return await asyncio.to_thread(postprocessor.postprocess_nodes, nodes, query_bundle=query)
-        return await postprocessor.apostprocess_nodes(nodes, query_bundle=query)
+        return await ctx.call(
+            postprocessor.postprocess_nodes, postprocessor.apostprocess_nodes, nodes, query_bundle=query
+        )
 
     return run
 
 
 def _synthesize(synthesizer: Any) -> Callable[..., Any]:
-    async def run(nodes: Any, query: QueryBundle, ctx: QueryContext) -> Any:
-        if ctx.sync:
-            return await asyncio.to_thread(synthesizer.synthesize, query=query, nodes=nodes)
-        return await synthesizer.asynthesize(query=query, nodes=nodes)
+    async def run(nodes: Any, query: QueryBundle, ctx: QueryContext, warm: Any = None) -> Any:
+        return await ctx.call(synthesizer.synthesize, synthesizer.asynthesize, query=query, nodes=nodes)
 
     return run
 
 
-class TeolaQueryEngine:
-    """`query`/`aquery` of a `RetrieverQueryEngine`, run on Teola (see the module docstring).
+class TeolaQueryEngine(LlamaIndexDropIn):
+    """`query`/`aquery` of any LlamaIndex query engine, on Teola (see the module docstring).
 
-    Options as for `TeolaQueryPipelineExecutor`. Concurrent `aquery` calls (and `query`
-    calls from several threads) share engine schedulers: their calls of one model are
-    ordered together by the scheduling policy, and batch where a joint call is proven.
+    Options as for `LlamaIndexDropIn`. Concurrent `aquery` calls (and `query` calls from
+    several threads) share engine schedulers.
     """
 
-    def __init__(
-        self,
-        engine: RetrieverQueryEngine,
-        *,
-        backend: str = DEFAULT_BACKEND,
-        policy: str = "topology",
-        passes: Any = True,
-        profiles: Mapping[str, LatencyProfile] | None = None,
-        warm_prefix: bool = True,
-    ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
-        self.original = engine
-        self.backend = backend
-        self.policy = policy
-        self._engines = EngineRegistry(warm_prefix=warm_prefix)
-        self.pgraph = trace_query_engine(engine, self._engines)
-        self.graph, self.passes = optimize_graph(self.pgraph, passes, self._engines.engines, profiles)
-        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
-        self._thread = LoopThread("teola:RetrieverQueryEngine")
-        self._finalizer = weakref.finalize(self, self._thread.close)
+    def __init__(self, engine: Any, **options: Any) -> None:
+        super().__init__(engine, **options)
+        self.traced = type(engine) is RetrieverQueryEngine
+        self.parts: list[TeolaQueryEngine] = []  # RetrieverQueryEngines inside an engine run as itself
+        if not self.traced:
+            self._target, found = with_traced_parts(engine, lambda part: self._trace_part(part, options))
+            inside = f"; the {found} RetrieverQueryEngine(s) inside it are traced" if found else ""
+            warnings.warn(
+                f"teola: {type(engine).__name__} runs as itself, one opaque step{inside} "
+                "(teola traces RetrieverQueryEngine)",
+                OpaqueModuleWarning,
+                stacklevel=3,
+            )
+            return
+        self.pgraph = trace_query_engine(engine, self._engines, decompose=self.decompose)
+        self.graph, self.passes = self.optimize_graph(self.pgraph)
+        self._view = framework_view(engine, **_query_hooks(self))
 
-    def explain(self) -> str:
-        """The p-graph, the passes applied and the e-graph."""
-        passes = ", ".join(self.passes) or "none"
-        engines = ", ".join(self._engines.engines.engines) or "none"
-        synthesizer = self.original._response_synthesizer
-        how = why_opaque(synthesizer)
-        return "\n".join(
-            [
-                "engines: " + engines,
-                *warmup_notes(self._engines.engines),
-                f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({how})" if how else "plan + format + llm"),
-                "passes: " + passes,
-                "p-graph:",
-                self.pgraph.summary(),
-                "e-graph:",
-                self.graph.summary(),
-            ]
-        )
+    def _trace_part(self, engine: RetrieverQueryEngine, options: dict[str, Any]) -> RetrieverQueryEngine:
+        part = TeolaQueryEngine(engine, **options)
+        self.parts.append(part)
+        return part._view
 
     def close(self) -> None:
-        """Stop the event-loop thread of `query` (it restarts if used again)."""
-        self._thread.close()
+        super().close()
+        for part in self.parts:
+            part.close()
 
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        """The names of the engines the traced object runs on."""
-        return self._runtimes.engine_names
-
-    def runtime_for_current_loop(self) -> Any:
-        """The runtime serving async calls on the running event loop (one per loop)."""
-        return self._runtime()
-
-    def _runtime(self) -> Any:
-        return self._runtimes.current()
-
-    async def _run(self, query: str | QueryBundle, sync: bool) -> Any:
-        bundle = QueryBundle(query) if isinstance(query, str) else query
-        try:
-            out = await self._runtime().run(self.graph, {"query": bundle, "context": QueryContext(sync)})
-        except PrimitiveError as exc:
-            error = unwrap_error(exc, {n.id: n.module or "" for n in self.graph.nodes.values()})
-        else:
-            return out["response"]
-        raise error
+    def explain(self) -> str:
+        """The p-graph, the passes applied and the e-graph (or why the engine runs as itself)."""
+        if not self.traced:
+            lines = [f"{type(self.original).__name__}: runs as itself, one opaque step"]
+            for i, part in enumerate(self.parts):
+                lines += [f"traced part {i} (RetrieverQueryEngine):", part.explain()]
+            return "\n".join(lines)
+        synthesizer = self.original._response_synthesizer
+        how = why_opaque(synthesizer) if self.decompose else "decompose=False"
+        lines = [
+            f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({how})" if how else "plan + format + llm")
+        ]
+        return "\n".join([*lines, *self.explain_graphs(self.pgraph, self.graph, self.passes)])
 
     def query(self, str_or_query_bundle: str | QueryBundle) -> Any:
-        return self._thread.run(self._run(str_or_query_bundle, sync=True))
+        if not self.traced:
+            return self.call_opaque(self._target.query, str_or_query_bundle)
+        return self._view.query(str_or_query_bundle)
 
     async def aquery(self, str_or_query_bundle: str | QueryBundle) -> Any:
-        return await self._run(str_or_query_bundle, sync=False)
+        if not self.traced:
+            return await self.acall_opaque(self._target.aquery, str_or_query_bundle)
+        return await self._view.aquery(str_or_query_bundle)
+
+    async def _answer(self, query: QueryBundle, ctx: QueryContext) -> Any:
+        return (await self.run_graph(self.graph, {"query": query}, ctx))["response"]
+
+
+def _query_hooks(fast: TeolaQueryEngine) -> dict[str, Any]:
+    """`_query`/`_aquery` as `RetrieverQueryEngine` has them (span, QUERY callback event), on the graph."""
+    dispatcher = instrument.get_dispatcher(RetrieverQueryEngine.__module__)
+    drop_in = weak_drop_in(fast)
+
+    def _query(self: RetrieverQueryEngine, query_bundle: QueryBundle) -> Any:
+        payload = {EventPayload.QUERY_STR: query_bundle.query_str}
+        with self.callback_manager.event(CBEventType.QUERY, payload=payload) as query_event:
+            response = drop_in().run_sync(lambda ctx: drop_in()._answer(query_bundle, ctx))
+            query_event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    async def _aquery(self: RetrieverQueryEngine, query_bundle: QueryBundle) -> Any:
+        payload = {EventPayload.QUERY_STR: query_bundle.query_str}
+        with self.callback_manager.event(CBEventType.QUERY, payload=payload) as query_event:
+            response = await drop_in()._answer(query_bundle, QueryContext(sync=False))
+            query_event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    return {"_query": dispatcher.span(_query), "_aquery": dispatcher.span(_aquery)}

@@ -1,37 +1,13 @@
 """Node postprocessors as RERANK primitives, and when a reranker may batch across queries.
 
-A node postprocessor is `postprocess_nodes(nodes, query) -> nodes`: the shape of Teola's
-RERANK primitive (query + documents -> documents). Every postprocessor runs as a RERANK
-primitive on its own engine (`rerank:ClassName`, one per object), except the exact
-LlamaIndex classes in `_NOT_RERANKERS` — filters, reorderings and text rewrites that are
-cheap and local (`SimilarityPostprocessor`, `KeywordNodePostprocessor`, ...), which stay
-one `call` each. So `SentenceTransformerRerank`, `LLMRerank`, an integration package's
-`CohereRerank`, or a postprocessor class of the user's own run on an engine scheduler:
-ordered across concurrent queries by the topology-aware policy, at most `concurrency`
-at once (1 for `SentenceTransformerRerank`, one local model, and for a batching
-reranker, whose calls queue while its joint call runs and form the next; 16 otherwise).
+    name = engines.reranker(SentenceTransformerRerank(top_n=2))
+    nodes = trace_rerank(b, name, postprocessor, query, nodes, ctx, call="bundle")
 
-What a RERANK call computes is exactly the original call (same objects in, same
-objects out, so the same nodes, scores and order; a postprocessor that sets scores in
-place does so on the same objects):
-
-- in a query engine (config `call="bundle"`): `postprocess_nodes(nodes,
-  query_bundle=bundle)` in a worker thread for `query`, `apostprocess_nodes(nodes,
-  query_bundle=bundle)` for `aquery`, as `RetrieverQueryEngine` calls them;
-- in a QueryPipeline (`call="query_str"`): `postprocess_nodes(nodes,
-  query_str=query_str)` in a worker thread, what `PostprocessorComponent` runs for both
-  `run` and `arun` (its async path calls the sync method).
-
-Batching across queries: several queries' calls share one engine invocation only when
-the postprocessor's exact class has a registered batch function (`register_batch_rerank`)
-whose result for a list of (nodes, query) requests is provably what per-query calls
-return. None of LlamaIndex's own rerankers qualifies: `SentenceTransformerRerank` scores
-with a CrossEncoder whose scores depend on which pairs share a forward pass through
-padding and float rounding (this project measured 1e-7 differences for MiniLM vectors
-batched with texts of other lengths), so a joint call could change scores and, on near
-ties, the order; `LLMRerank` prompts the LLM per query and per chunk of nodes. Those run
-one call per query (`max_batch_items=1`). A reranker whose scores are a pure function
-of each (query, node) pair can register a batch function and get one joint call.
+Every postprocessor is a RERANK on its own engine (`rerank:ClassName`), except the local
+filters in `_NOT_RERANKERS`, which stay one call each. A RERANK call is exactly the
+original `postprocess_nodes` call; several queries share one engine invocation only
+through a batch function registered for the exact class (`register_batch_rerank`).
+Why none of LlamaIndex's own rerankers batches: docs/llamaindex.md ("Reranking").
 """
 
 from __future__ import annotations
@@ -176,10 +152,8 @@ class LlamaIndexRerankEngine(Engine):
         return call.inputs["docs"], query
 
     async def _one(self, call: Call) -> dict[str, Any]:
-        pp = self.postprocessor
+        pp, ctx = self.postprocessor, call.inputs["ctx"]
         nodes, query = call.inputs["docs"], call.inputs["query"]
-        if call.node.config["call"] == "query_str":
-            return {"docs": await asyncio.to_thread(pp.postprocess_nodes, nodes, query_str=query)}
-        if call.inputs["ctx"].sync:
-            return {"docs": await asyncio.to_thread(pp.postprocess_nodes, nodes, query_bundle=query)}
-        return {"docs": await pp.apostprocess_nodes(nodes, query_bundle=query)}
+        if call.node.config["call"] == "query_str":  # `PostprocessorComponent`: the sync method, sync or async
+            return {"docs": await ctx.blocking(pp.postprocess_nodes, nodes, query_str=query)}
+        return {"docs": await ctx.call(pp.postprocess_nodes, pp.apostprocess_nodes, nodes, query_bundle=query)}

@@ -1,48 +1,14 @@
-"""Response synthesizers as primitives: a plan, a FORMAT, the LLM call, or the original.
+"""Response synthesizers: a prefix warm-up beside the original call, or (decompose) the LLM call.
 
-What `synthesize(query, nodes)` computes for the three classes decomposed here (the exact
-classes, not streaming, no `output_cls`, no structured answer filtering, the default
-program factory, an LLM that is no `StructuredLLM` and has no output parser):
+    if (prefix := warmup_prefix(engines, synthesizer)) is not None:   # the LLM's server warms
+        warm = trace_warmup(b, engines, synthesizer, prefix, query_str)
 
-- `CompactAndRefine` ("compact", `as_query_engine()`'s default): the nodes' LLM texts are
-  repacked by the prompt helper into as few chunks as fit; then `Refine` over them.
-- `Refine` ("refine"): the first chunk, repacked again to fit the QA template, is
-  answered by `llm.predict(text_qa_template.partial_format(query_str=q),
-  context_str=chunk)`; every further chunk (or piece of one) refines that answer with
-  another LLM call whose prompt holds the previous answer.
-- `SimpleSummarize` ("simple_summarize"): one `llm.predict(text_qa, context_str=
-  truncated)` where `truncated` is the prompt helper's truncation of the joined texts
-  (a list: the prompt holds its `str`, as LlamaIndex formats it).
-
-Then `answer or "Empty Response"` becomes `Response(answer, source_nodes=nodes,
-metadata={node_id: metadata})` (`_prepare_response_output`); with no nodes at all,
-`Response("Empty Response")` and no LLM call.
-
-Traced as:
-
-    plan(nodes, query_str)        the synthesizer's own repack/truncate and the LLM's own
-                                  `_get_prompt` (or `_get_messages` for a chat model):
-                                  exactly one LLM call? its context and prompt
-    FORMAT(query_str, context_str)  the prompt's segments (`formatting.predict_template`),
-                                  so prefill split can prefill the part ready before the
-                                  nodes (the literal head, and the question when the
-                                  template puts it first)
-    choose                        branch 0 iff the plan has one LLM call and the FORMAT
-                                  renders exactly the plan's prompt (checked every query)
-    PREFILL(prompt) -> [branch 0] DECODE -> Response      (the same `apredict` call)
-                       [branch 1] the original `synthesize`/`asynthesize`, whole
-    SELECT                        whichever branch ran
-
-So "compact" and "simple_summarize" are one LLM primitive whenever the nodes fit one
-prompt; "refine" is too when a single chunk remains (one node, or it fits). A refine
-*chain* (several chunks) runs as the original synthesizer, one opaque call: each step's
-prompt holds the previous answer and whether a step runs at all depends on the prompt
-helper's budget for that answer, so the chain cannot be laid out before it runs. The
-PREFILL stays outside the branches (a prefill of an opaque LLM is bookkeeping) so a split
-prefill can start before the branch is known; only the DECODE waits for it. A chat model
-(no text prompt to FORMAT) gets the same plan and branch with the plan's messages
-(`achat`), without a prefill split. Every other synthesizer (tree_summarize, accumulate,
-generation, ...) is the original call.
+By default a synthesizer runs as its own `synthesize` / `asynthesize` (its spans, events
+and callbacks are its own); where its LLM's engine warms a vLLM prefix cache, the answer
+prompt's ready prefix (the text before the nodes, the question included when it comes
+first) is warmed while retrieval runs. With `decompose=True` the exact classes
+"compact", "refine" and "simple_summarize" become plan + FORMAT + LLM whenever one LLM
+call answers (`trace_synthesis`). The reasoning: docs/llamaindex.md ("Synthesizers").
 """
 
 from __future__ import annotations
@@ -56,9 +22,11 @@ from llama_index.core.schema import MetadataMode
 
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
+from teola_core.ir.prompt import PromptTemplate
 from teola_core.ir.types import PortType
-from teola_llamaindex.engines import EngineRegistry
 from teola_llamaindex.formatting import predict_template
+from teola_llamaindex.prefix_warmup import why_no_warmup
+from teola_llamaindex.registry import EngineRegistry
 
 _CLASSES = (Refine, CompactAndRefine, SimpleSummarize)
 _OPAQUE: dict[str, Any] = {"single": False, "context": None, "prompt": None}
@@ -86,6 +54,36 @@ def why_opaque(synthesizer: Any) -> str | None:
         ):
             return "a custom program factory"
     return None
+
+
+def warmup_prefix(engines: EngineRegistry, synthesizer: Any) -> PromptTemplate | None:
+    """The answer prompt's ready prefix, where the synthesizer's LLM engine warms a server; else None.
+
+    The prefix is the QA template as `llm.predict` renders it, up to its first variable
+    other than `query_str` (so up to the nodes' text). Only for the exact one-prompt
+    classes with a completion model whose server warms (`prefix_warmup.why_no_warmup`).
+    """
+    if type(synthesizer) not in _CLASSES or not engines.warm_prefix or why_no_warmup(synthesizer._llm) is not None:
+        return None
+    template = predict_template(synthesizer._text_qa_template, synthesizer._llm, ("query_str", "context_str"))
+    if template is None:
+        return None
+    prefix = []
+    for segment in template.segments:
+        if segment.var not in (None, "query_str"):
+            break
+        prefix.append(segment)
+    return PromptTemplate(tuple(prefix)) if prefix else None
+
+
+def trace_warmup(
+    b: GraphBuilder, engines: EngineRegistry, synthesizer: Any, prefix: PromptTemplate, query_str: Value
+) -> Value:
+    """The PARTIAL_PREFILL that warms `prefix` (from `warmup_prefix`) on the synthesizer's LLM engine."""
+    rendered = b.format(prefix, **{v: query_str for v in prefix.variables})
+    engine = engines.llm(synthesizer._llm)
+    node = b.add(PrimitiveKind.PARTIAL_PREFILL, {"prefix": rendered}, engine=engine, name="llm.warm_prefix")
+    return Value(node.id, "kv")
 
 
 def max_tokens_hint(llm: Any) -> int:

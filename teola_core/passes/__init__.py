@@ -8,7 +8,7 @@ Typical use, with the engines' latency profiles:
 
 from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.decode_pipelining import DecodePipelining
-from teola_core.passes.manager import OptimizationResult, PassManager, default_passes
+from teola_core.passes.manager import OptimizationResult, PassManager, default_passes, run_passes
 from teola_core.passes.prefill_split import PrefillSplit
 from teola_core.passes.pruning import DependencyPruning
 from teola_core.passes.stage_decomposition import StageDecomposition
@@ -23,4 +23,5 @@ __all__ = [
     "PrefillSplit",
     "StageDecomposition",
     "default_passes",
+    "run_passes",
 ]

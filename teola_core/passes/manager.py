@@ -16,8 +16,9 @@ swallowed, so there is never a half-rewritten graph.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from teola_core.ir.errors import PassError
 from teola_core.ir.graph import Graph
@@ -28,6 +29,9 @@ from teola_core.passes.decode_pipelining import DecodePipelining
 from teola_core.passes.prefill_split import PrefillSplit
 from teola_core.passes.pruning import DependencyPruning
 from teola_core.passes.stage_decomposition import StageDecomposition
+
+if TYPE_CHECKING:
+    from teola_core.profiles.profile import LatencyProfile
 
 
 def default_passes() -> list[Pass]:
@@ -154,3 +158,20 @@ class PassManager:
         if (result.output_node.id, result.output_node.inputs) != outputs:
             raise PassError(pass_.name, f"changed the output node (ports were {[p.name for p in outputs[1]]})")
         return result
+
+
+def run_passes(
+    graph: Graph, passes: bool | PassManager, profiles: Mapping[str, LatencyProfile]
+) -> tuple[Graph, list[str]]:
+    """The e-graph for a drop-in's `passes` option, and what the passes did.
+
+    `passes`: True (the default pipeline), False (none) or a `PassManager`; `profiles`
+    are the engines' latency profiles (by engine name) the passes plan with.
+    """
+    if passes is False:
+        return graph, ["(passes disabled)"]
+    if passes is not True and not isinstance(passes, PassManager):
+        raise TypeError(f"passes takes True, False or a PassManager, not {passes!r}")
+    manager = passes if isinstance(passes, PassManager) else PassManager()
+    result = manager.optimize(graph, PassContext(profiles=dict(profiles)))
+    return result.e_graph, [*(f"applied {name}" for name in result.applied), *result.notes]

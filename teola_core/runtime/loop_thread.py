@@ -50,6 +50,19 @@ class LoopThread:
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                future.cancel()
+            raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the loop (in a copy of the caller's contextvars); cancel the future to cancel it.
+
+        For a caller that does other work on its own thread while it waits (see `run`).
+        """
         loop = self.loop
         if threading.current_thread() is self._thread:
             coro.close()
@@ -57,16 +70,14 @@ class LoopThread:
                 f"a sync method of this optimized object was called from its own event loop ({self._name}); "
                 "await its async counterpart (ainvoke, arun, aquery, ...) there instead"
             )
+        future: _TaskFuture[T] = _TaskFuture(loop)
         context = contextvars.copy_context()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        tasks: list[asyncio.Task[T]] = []
 
         def start() -> None:
             if not future.set_running_or_notify_cancel():
                 coro.close()
                 return
-            task = loop.create_task(coro, context=context)
-            tasks.append(task)
+            future.task = task = loop.create_task(coro, context=context)
 
             def done(t: asyncio.Task[T]) -> None:
                 if t.cancelled():
@@ -79,13 +90,7 @@ class LoopThread:
             task.add_done_callback(done)
 
         loop.call_soon_threadsafe(start)
-        try:
-            return future.result()
-        except BaseException:
-            if not future.done():
-                future.cancel()
-                loop.call_soon_threadsafe(lambda: [t.cancel() for t in tasks])
-            raise
+        return future
 
     def close(self) -> None:
         """Cancel the loop's remaining tasks, wait for them, stop the loop, join its thread.
@@ -109,6 +114,26 @@ class LoopThread:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
             loop.close()
+
+
+class _TaskFuture(concurrent.futures.Future[T]):
+    """The future of a coroutine started on a `LoopThread`: `cancel()` also cancels its task."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop = loop
+        self.task: asyncio.Task[T] | None = None  # set on the loop, by the start callback
+
+    def cancel(self) -> bool:
+        if super().cancel():  # not started yet: it never will be
+            return True
+        if not self.done():  # runs after the start callback (call_soon keeps order)
+            self._loop.call_soon_threadsafe(self._cancel_task)
+        return False
+
+    def _cancel_task(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:

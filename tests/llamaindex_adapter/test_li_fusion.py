@@ -62,10 +62,11 @@ def texts(nodes: list[NodeWithScore]) -> list[tuple[str, float | None]]:
     return [(n.node.get_content(), n.score) for n in nodes]
 
 
+@pytest.mark.parametrize("decompose", [False, True])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_retrieval_and_answers_equal_sync_and_async(shape: str) -> None:
+def test_retrieval_and_answers_equal_sync_and_async(shape: str, decompose: bool) -> None:
     plain = query_engine(SHAPES[shape]())
-    fast = teola.optimize(query_engine(SHAPES[shape]()))
+    fast = teola.optimize(query_engine(SHAPES[shape]()), decompose=decompose)
     try:
         for q in QUESTIONS:
             want, got = plain.query(q), fast.query(q)
@@ -78,7 +79,7 @@ def test_retrieval_and_answers_equal_sync_and_async(shape: str) -> None:
 
 
 def test_generated_queries_are_pipelined_into_their_retrievals() -> None:
-    fast = teola.optimize(query_engine(fusion(num_queries=4)))
+    fast = teola.optimize(query_engine(fusion(num_queries=4)), decompose=True)
     try:
         kinds = [n.kind for n in fast.graph.nodes.values()]
         assert kinds.count(PrimitiveKind.PARTIAL_DECODE) == 3
@@ -89,7 +90,8 @@ def test_generated_queries_are_pipelined_into_their_retrievals() -> None:
 
 
 def test_sync_path_stores_the_embedding_on_the_callers_bundle_as_llamaindex_does() -> None:
-    plain, fast = query_engine(fusion(use_async=False)), teola.optimize(query_engine(fusion(use_async=False)))
+    plain = query_engine(fusion(use_async=False))
+    fast = teola.optimize(query_engine(fusion(use_async=False)), decompose=True)
     try:
         mine, theirs = QueryBundle(QUESTIONS[0]), QueryBundle(QUESTIONS[0])
         plain.query(theirs)
@@ -131,10 +133,10 @@ def test_untraceable_fusion_runs_as_one_call_with_the_same_answer(make: Callable
 
     retriever = make()
     assert why in (why_not_traced(retriever) or "")
-    plain, fast = query_engine(make()), teola.optimize(query_engine(make()))
+    plain, fast = query_engine(make()), teola.optimize(query_engine(make()), decompose=True)
     try:
-        kinds = {n.kind for n in fast.graph.nodes.values()}
-        assert PrimitiveKind.DECODE not in kinds or PrimitiveKind.SEARCH not in kinds
+        kinds = [n.kind for n in fast.graph.nodes.values()]
+        assert PrimitiveKind.EMBED not in kinds and kinds.count(PrimitiveKind.SEARCH) == 1  # the retriever's own call
         q = "what do cats do at dusk"
         assert str(asyncio.run(fast.aquery(q))) == str(asyncio.run(plain.aquery(q)))
     finally:
@@ -156,7 +158,7 @@ class BrokenLLM(CustomLLM):
 
 
 def test_a_failing_query_generation_reaches_the_caller_as_the_llms_own_error() -> None:
-    fast = teola.optimize(query_engine(fusion(llm=BrokenLLM())))
+    fast = teola.optimize(query_engine(fusion(llm=BrokenLLM())), decompose=True)
     try:
         with pytest.raises(ConnectionError, match="model server down") as info:
             asyncio.run(fast.aquery("what do cats do at dusk"))
@@ -191,7 +193,7 @@ def test_query_pipeline_with_a_fusion_retriever_is_traced_and_equal() -> None:
     def build() -> QueryPipeline:
         return QueryPipeline(chain=[fusion(mode="reciprocal_rerank")], verbose=False)
 
-    plain, fast = build(), teola.optimize(build())
+    plain, fast = build(), teola.optimize(build(), decompose=True)
     try:
         assert "own executor" not in fast.explain()
         for q in QUESTIONS:
@@ -238,7 +240,7 @@ def test_how_the_model_streams_does_not_change_the_result(stream: str) -> None:
     def build() -> RetrieverQueryEngine:
         return query_engine(fusion(llm=ScriptedLLM(stream=stream), mode="reciprocal_rerank"))
 
-    plain, fast = build(), teola.optimize(build())
+    plain, fast = build(), teola.optimize(build(), decompose=True)
     try:
         assert sum(n.kind is PrimitiveKind.PARTIAL_DECODE for n in fast.graph.nodes.values()) == 3
         for q in QUESTIONS:
@@ -251,7 +253,7 @@ def test_how_the_model_streams_does_not_change_the_result(stream: str) -> None:
 
 def test_concurrent_queries_each_get_their_own_result() -> None:
     plain = query_engine(fusion(mode="relative_score"))
-    fast = teola.optimize(query_engine(fusion(mode="relative_score")))
+    fast = teola.optimize(query_engine(fusion(mode="relative_score")), decompose=True)
     questions = [f"{q} {i}" for i in range(4) for q in QUESTIONS]
 
     async def both() -> tuple[list[Any], list[Any]]:
@@ -276,7 +278,7 @@ def test_concurrent_queries_each_get_their_own_result() -> None:
     ids=["vector-index", "fusion", "fusion-sync-sub-retrievals"],
 )
 def test_index_nodes_are_resolved_with_the_bundle_the_library_passes(make: Callable[[], BaseRetriever]) -> None:
-    plain, fast = query_engine(make()), teola.optimize(query_engine(make()))
+    plain, fast = query_engine(make()), teola.optimize(query_engine(make()), decompose=True)
     q = "what do cats do at dusk"
     try:
         want = texts(plain.query(q).source_nodes)
@@ -293,7 +295,7 @@ def test_a_verbose_retriever_prints_its_generated_queries_as_llamaindex_does(
 ) -> None:
     plain, fast = (
         query_engine(fusion(num_queries=3, verbose=True)),
-        teola.optimize(query_engine(fusion(num_queries=3, verbose=True))),
+        teola.optimize(query_engine(fusion(num_queries=3, verbose=True)), decompose=True),
     )
     try:
         assert sum(n.kind is PrimitiveKind.PARTIAL_DECODE for n in fast.graph.nodes.values()) == 2

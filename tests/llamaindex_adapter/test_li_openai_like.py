@@ -23,7 +23,7 @@ from llama_index.core.response_synthesizers import get_response_synthesizer
 from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_llamaindex import TeolaQueryEngine
 from teola_llamaindex.engines import LlamaIndexLLMEngine
-from teola_llamaindex.openai_compat import OpenAICompatibleLLMEngine, why_no_warmup
+from teola_llamaindex.prefix_warmup import PrefixWarmingLLMEngine, why_no_warmup
 
 openai_like = pytest.importorskip("llama_index.llms.openai_like")
 
@@ -34,6 +34,7 @@ SLOW = Curve(((1, 0.05),))
 PROFILES = {
     "embed:HashEmbedding": LatencyProfile("embed:HashEmbedding", {"embed": SLOW}),
     "vectordb:VectorIndexRetriever": LatencyProfile("vectordb:VectorIndexRetriever", {"search": SLOW}),
+    "retriever:VectorIndexRetriever": LatencyProfile("retriever:VectorIndexRetriever", {"search": SLOW}),
 }
 QUESTIONS = ["what do cats do at dusk?", "how do vector stores answer a query?"]
 
@@ -145,13 +146,14 @@ def _warm_prefixes_precede_their_prompts(server: FakeVLLM) -> None:
         assert any(p.startswith(prefix) for p in server.prompts), prefix
 
 
+@pytest.mark.parametrize("decompose", [False, True])
 @pytest.mark.parametrize("template", [None, QUERY_FIRST], ids=["default-qa", "query-first"])
-def test_answers_are_the_clients_and_the_ready_prefix_is_warmed(template: Any) -> None:
+def test_answers_are_the_clients_and_the_ready_prefix_is_warmed(template: Any, decompose: bool) -> None:
     server = FakeVLLM()
     extra = {"text_qa_template": template} if template is not None else {}
-    fast = _check(_engine(_llm(server), **extra), profiles=PROFILES)
+    fast = _check(_engine(_llm(server), **extra), profiles=PROFILES, decompose=decompose)
     engine = fast._engines.engines["llm:OpenAILike"]
-    assert isinstance(engine, OpenAICompatibleLLMEngine)
+    assert isinstance(engine, PrefixWarmingLLMEngine)
     assert engine.warm_error is None and engine.warmer.block_size == 4
     assert engine.warmups == 2 * len(QUESTIONS)  # one per optimized query (sync and async)
     _warm_prefixes_precede_their_prompts(server)
@@ -161,9 +163,9 @@ def test_answers_are_the_clients_and_the_ready_prefix_is_warmed(template: Any) -
         assert any(QUESTIONS[0][:8] in w for w in warmed)
 
 
-def test_without_a_split_prefill_nothing_is_warmed() -> None:
+def test_decomposed_without_a_split_prefill_nothing_is_warmed() -> None:
     server = FakeVLLM()
-    fast = _check(_engine(_llm(server)))  # no profiles: the passes see no early prefix
+    fast = _check(_engine(_llm(server)), decompose=True)  # no profiles: the passes see no early prefix
     assert fast._engines.engines["llm:OpenAILike"].warmups == 0
     assert server.warmups == []
 
@@ -182,11 +184,14 @@ def test_chat_models_and_warm_prefix_false_use_the_plain_engine() -> None:
     chat = _llm(server, chat=True)
     assert why_no_warmup(chat) is not None
     fast = _check(_engine(chat), profiles=PROFILES)
+    assert fast.engine_names == ("retriever:VectorIndexRetriever",)  # nothing to warm: the synthesizer's own call
+    fast = _check(_engine(chat), profiles=PROFILES, decompose=True)
     assert type(fast._engines.engines["llm:OpenAILike"]) is LlamaIndexLLMEngine
     assert "no prefix warm-up (a chat model" in fast.explain()
     assert server.chats and server.warmups == []
-    fast = _check(_engine(_llm(server)), profiles=PROFILES, warm_prefix=False)
+    fast = _check(_engine(_llm(server)), profiles=PROFILES, warm_prefix=False, decompose=True)
     assert type(fast._engines.engines["llm:OpenAILike"]) is LlamaIndexLLMEngine
+    assert _check(_engine(_llm(server)), warm_prefix=False).engine_names == ("retriever:VectorIndexRetriever",)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +219,7 @@ def test_openai_class_completion_model_is_warmed() -> None:
     )
     assert why_no_warmup(llm) is None
     fast = _check(_engine(llm), profiles=PROFILES)
-    assert isinstance(fast._engines.engines["llm:OpenAI"], OpenAICompatibleLLMEngine)
+    assert isinstance(fast._engines.engines["llm:OpenAI"], PrefixWarmingLLMEngine)
     _warm_prefixes_precede_their_prompts(server)
 
 

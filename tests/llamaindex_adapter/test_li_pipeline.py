@@ -337,9 +337,14 @@ def test_rag_traces_into_primitives() -> None:
     fast = _quiet(rag())
     assert fast.plan is not None
     kinds = {n.kind for n in fast.plan.pgraph.nodes.values()}
-    assert {PrimitiveKind.EMBED, PrimitiveKind.SEARCH, PrimitiveKind.FORMAT} <= kinds
-    assert {PrimitiveKind.PREFILL, PrimitiveKind.DECODE} <= kinds
+    assert {PrimitiveKind.SEARCH, PrimitiveKind.FORMAT, PrimitiveKind.PREFILL, PrimitiveKind.DECODE} <= kinds
+    assert PrimitiveKind.EMBED not in kinds  # the retriever's own `retrieve`, one SEARCH
     assert fast.plan.opaque == ["join (FnComponent)"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpaqueModuleWarning)
+        decomposed = TeolaQueryPipelineExecutor(rag(), decompose=True)
+    assert decomposed.plan is not None
+    assert PrimitiveKind.EMBED in {n.kind for n in decomposed.plan.pgraph.nodes.values()}
 
 
 def test_fn_component_warns_once_naming_module() -> None:
@@ -352,7 +357,7 @@ def test_unsupported_shape_falls_back_with_warning() -> None:
     p.add_modules({"a": InputComponent(), "b": InputComponent(), "f": FnComponent(fn=lambda x: x)})
     p.add_link("a", "f", dest_key="x")
     p.add_link("b", "f", dest_key="x")
-    with pytest.warns(OpaqueModuleWarning, match="own executor"):
+    with pytest.warns(OpaqueModuleWarning, match="runs as itself"):
         fast = TeolaQueryPipelineExecutor(p)
     assert fast.plan is None and "explain" not in fast.explain()
     inputs = {"a": {"input": 1}, "b": {"input": 2}}
@@ -395,7 +400,9 @@ def test_concurrent_runs_embed_each_query_alone() -> None:
     queries' calls would only make each wait for the slowest (see `engines`).
     """
     pipeline = rag()
-    fast = _quiet(pipeline)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpaqueModuleWarning)
+        fast = TeolaQueryPipelineExecutor(pipeline, decompose=True)
     sizes: list[int] = []
 
     class Hook:
@@ -404,7 +411,7 @@ def test_concurrent_runs_embed_each_query_alone() -> None:
                 sizes.append(span.batch_size)
 
     async def main() -> list[Any]:
-        fast._runtime().add_hook(Hook())
+        fast.runtime_for_current_loop().add_hook(Hook())
         return await asyncio.gather(*(fast.arun(input=f"question {i}") for i in range(6)))
 
     results = asyncio.run(main())
@@ -419,8 +426,7 @@ def test_prefill_split_prefills_the_ready_question_and_keeps_the_answer() -> Non
     slow = Curve(((1, 0.05),))
     profiles = {
         "llm:MockLLM": LatencyProfile("llm:MockLLM", {"prefill": Curve(((1, 0.01),)), "decode": Curve(((1, 0.01),))}),
-        "embed:HashEmbedding": LatencyProfile("embed:HashEmbedding", {"embed": slow}),
-        "vectordb:VectorIndexRetriever": LatencyProfile("vectordb:VectorIndexRetriever", {"search": slow}),
+        "retriever:VectorIndexRetriever": LatencyProfile("retriever:VectorIndexRetriever", {"search": slow}),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueModuleWarning)
@@ -430,3 +436,13 @@ def test_prefill_split_prefills_the_ready_question_and_keeps_the_answer() -> Non
     assert PrimitiveKind.PARTIAL_PREFILL in kinds, fast.explain()
     assert fast.run(input="cats?") == p.run(input="cats?")
     assert asyncio.run(fast.arun(input="cats?")) == p.run(input="cats?")
+
+
+def test_one_llm_feeding_another_is_traced_and_equal() -> None:
+    """A completion fed to a second LLM (LlamaIndex turns it into its text): no IR type refuses it."""
+    pipeline = QueryPipeline(chain=[PromptTemplate("Q: {x}"), _llm(), make_llm(max_tokens=4)])
+    fast = _quiet(pipeline)
+    assert fast.plan is not None
+    assert [n.kind for n in fast.plan.graph.nodes.values() if n.engine].count(PrimitiveKind.DECODE) == 2
+    assert str(fast.run(x="a")) == str(pipeline.run(x="a"))
+    assert str(asyncio.run(fast.arun(x="a"))) == str(pipeline.run(x="a"))

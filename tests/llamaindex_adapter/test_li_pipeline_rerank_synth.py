@@ -102,12 +102,13 @@ def _kinds(fast: TeolaQueryPipelineExecutor) -> set[PrimitiveKind]:
     return {n.kind for n in fast.plan.graph.nodes.values()}
 
 
+@pytest.mark.parametrize("decompose", [False, True])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("question", QUESTIONS)
-def test_run_sync_and_async_equal_original(shape: str, question: str) -> None:
+def test_run_sync_and_async_equal_original(shape: str, question: str, decompose: bool) -> None:
     pipeline = SHAPES[shape]()
     expected = pipeline.run(input=question)
-    fast = _quiet(pipeline)
+    fast = _quiet(pipeline, decompose=decompose)
     assert fast.run(input=question) == expected
     assert asyncio.run(fast.arun(input=question)) == expected
     fast.close()
@@ -127,8 +128,9 @@ def test_filter_module_stays_a_call() -> None:
     "shape", ["sbert-rerank-compact", "synth-query-first", "synth-simple", "rerank-refine-one-node"]
 )
 def test_synthesizers_decomposed(shape: str) -> None:
-    kinds = _kinds(_quiet(SHAPES[shape]()))
+    kinds = _kinds(_quiet(SHAPES[shape](), decompose=True))
     assert {PrimitiveKind.FORMAT, PrimitiveKind.PREFILL, PrimitiveKind.DECODE, PrimitiveKind.CONDITION} <= kinds
+    assert PrimitiveKind.DECODE not in _kinds(_quiet(SHAPES[shape]()))  # by default: the synthesizer's own call
 
 
 @pytest.mark.parametrize("shape", ["sbert-rerank-compact", "rerank-refine-chain", "synth-chat"])
@@ -163,7 +165,7 @@ def test_synthesizer_prefill_split_prefills_the_question_while_retrieval_runs() 
         "vectordb:VectorIndexRetriever": LatencyProfile("vectordb:VectorIndexRetriever", {"search": slow}),
     }
     pipeline = SHAPES["synth-query-first"]()
-    fast = _quiet(pipeline, profiles=profiles)
+    fast = _quiet(pipeline, profiles=profiles, decompose=True)
     assert fast.plan is not None
     prefix = [
         n for n in fast.plan.graph.nodes.values() if n.kind == PrimitiveKind.FORMAT and n.config.get("prefix_segments")

@@ -16,7 +16,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 import teola
 from teola_core.ir.kinds import PrimitiveKind
-from teola_llamaindex import TeolaQueryEngine
+from teola_llamaindex import OpaqueModuleWarning, TeolaQueryEngine
 
 INDEX = make_index()
 
@@ -66,11 +66,12 @@ def _same(a: Any, b: Any) -> None:
     assert a.metadata == b.metadata
 
 
+@pytest.mark.parametrize("decompose", [False, True])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("query", ["what do cats do?", "refine mode chunk"])
-def test_query_equal_sync_and_async(shape: str, query: str) -> None:
+def test_query_equal_sync_and_async(shape: str, query: str, decompose: bool) -> None:
     engine = SHAPES[shape]()
-    fast = teola.optimize(engine)
+    fast = teola.optimize(engine, decompose=decompose)
     assert isinstance(fast, TeolaQueryEngine)
     expected = engine.query(query)
     _same(fast.query(query), expected)
@@ -79,24 +80,26 @@ def test_query_equal_sync_and_async(shape: str, query: str) -> None:
     fast.close()
 
 
-def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex() -> None:
+@pytest.mark.parametrize("decompose", [False, True])
+def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex(decompose: bool) -> None:
     engine = _engine()()
-    fast = TeolaQueryEngine(engine)
+    fast = TeolaQueryEngine(engine, decompose=decompose)
     ours, theirs = QueryBundle("dogs"), QueryBundle("dogs")
     _same(fast.query(ours), engine.query(theirs))
     assert ours.embedding == theirs.embedding and ours.embedding is not None
 
 
-def test_vector_retrieval_is_decomposed() -> None:
-    fast = TeolaQueryEngine(_engine()())
-    kinds = [n.kind for n in fast.pgraph.nodes.values()]
+def test_retrieval_is_one_search_calling_the_retriever_or_embed_and_search_when_decomposed() -> None:
+    kinds = [n.kind for n in TeolaQueryEngine(_engine()()).pgraph.nodes.values()]
+    assert PrimitiveKind.SEARCH in kinds and PrimitiveKind.EMBED not in kinds
+    kinds = [n.kind for n in TeolaQueryEngine(_engine()(), decompose=True).pgraph.nodes.values()]
     assert PrimitiveKind.EMBED in kinds and PrimitiveKind.SEARCH in kinds
 
 
 def test_concurrent_queries_embed_each_query_alone() -> None:
     """One call per batch: a joint query-embedding call does not exist in LlamaIndex."""
     engine = _engine()()
-    fast = TeolaQueryEngine(engine)
+    fast = TeolaQueryEngine(engine, decompose=True)
     sizes: list[int] = []
 
     class Hook:
@@ -105,7 +108,7 @@ def test_concurrent_queries_embed_each_query_alone() -> None:
                 sizes.append(span.batch_size)
 
     async def main() -> list[Any]:
-        fast._runtime().add_hook(Hook())
+        fast.runtime_for_current_loop().add_hook(Hook())
         return await asyncio.gather(*(fast.aquery(f"question {i}") for i in range(5)))
 
     for got, i in zip(asyncio.run(main()), range(5), strict=True):
@@ -129,10 +132,14 @@ def test_synthesizer_error_is_the_users_exception() -> None:
         asyncio.run(fast.aquery("x"))
 
 
-def test_subclass_is_rejected() -> None:
+def test_subclass_runs_as_itself_as_one_step_with_one_warning() -> None:
     class Custom(RetrieverQueryEngine):
-        pass
+        def _query(self, query_bundle: QueryBundle) -> Any:
+            return super()._query(QueryBundle(query_bundle.query_str + " (custom)"))
 
     engine = Custom(retriever=INDEX.as_retriever(), response_synthesizer=get_response_synthesizer(llm=make_llm()))
-    with pytest.raises(TypeError, match="Custom"):
-        TeolaQueryEngine(engine)
+    with pytest.warns(OpaqueModuleWarning, match="Custom runs as itself"):
+        fast = TeolaQueryEngine(engine)
+    _same(fast.query("dogs"), engine.query("dogs"))
+    _same(asyncio.run(fast.aquery("dogs")), asyncio.run(engine.aquery("dogs")))
+    assert "(custom)" in str(fast.query("dogs")) and fast.calls_on_graph == 3

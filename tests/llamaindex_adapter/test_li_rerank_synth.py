@@ -203,6 +203,13 @@ def test_register_batch_rerank_takes_postprocessor_classes_only() -> None:
 
 
 # -- synthesizers ------------------------------------------------------------------------
+# By default a synthesizer is its own one call; these are the shapes `decompose=True` splits.
+
+
+@pytest.mark.parametrize("mode", ["compact", "refine", "simple_summarize", "tree_summarize"])
+def test_by_default_every_synthesizer_is_its_own_call(mode: str) -> None:
+    fast = _check(lambda: _engine(response_mode=mode))
+    assert PrimitiveKind.DECODE not in _kinds(fast) and PrimitiveKind.FORMAT not in _kinds(fast)
 
 
 @pytest.mark.parametrize(
@@ -210,21 +217,24 @@ def test_register_batch_rerank_takes_postprocessor_classes_only() -> None:
     [("compact", 3), ("compact", 6), ("simple_summarize", 3), ("refine", 1)],
 )
 def test_one_prompt_synthesizers_run_as_format_and_llm(mode: str, top_k: int) -> None:
-    fast = _check(lambda: _engine(top_k=top_k, response_mode=mode))
+    fast = _check(lambda: _engine(top_k=top_k, response_mode=mode), decompose=True)
     assert {PrimitiveKind.FORMAT, PrimitiveKind.PREFILL, PrimitiveKind.DECODE} <= _kinds(fast)
     assert "plan + format + llm" in fast.explain()
     assert PrimitiveKind.DECODE in _ran(fast, QUESTIONS[0])
 
 
 def test_refine_chain_runs_as_the_original_synthesizer() -> None:
-    fast = _check(lambda: _engine(top_k=3, response_mode="refine"))
+    fast = _check(lambda: _engine(top_k=3, response_mode="refine"), decompose=True)
     assert PrimitiveKind.DECODE not in _ran(fast, QUESTIONS[0])  # several chunks: the opaque branch
 
 
 def test_compact_that_needs_several_prompts_runs_as_the_original() -> None:
     helper = PromptHelper(context_window=600, num_output=16, chunk_overlap_ratio=0.0, chunk_size_limit=30)
     # a short-answer MockLLM: a refine prompt holds the previous answer, an echo would not fit
-    fast = _check(lambda: _engine(top_k=6, response_mode="compact", prompt_helper=helper, llm=make_llm(max_tokens=8)))
+    fast = _check(
+        lambda: _engine(top_k=6, response_mode="compact", prompt_helper=helper, llm=make_llm(max_tokens=8)),
+        decompose=True,
+    )
     assert PrimitiveKind.DECODE not in _ran(fast, QUESTIONS[0])
 
 
@@ -232,12 +242,12 @@ def test_no_nodes_is_the_empty_response() -> None:
     def build() -> Any:
         return _engine(top_k=2, postprocessors=[SimilarityPostprocessor(similarity_cutoff=2.0)])
 
-    fast = _check(build)
+    fast = _check(build, decompose=True)
     assert str(fast.query("anything")) == "Empty Response"
 
 
 def test_empty_answer_is_the_empty_response() -> None:
-    fast = _check(lambda: _engine(llm=make_silent_llm()))
+    fast = _check(lambda: _engine(llm=make_silent_llm()), decompose=True)
     assert str(fast.query("cats")) == "Empty Response"
     assert PrimitiveKind.DECODE in _ran(fast, "cats")
 
@@ -248,19 +258,19 @@ def test_system_prompt_and_query_wrapper_are_part_of_the_format() -> None:
         llm.query_wrapper_prompt = PromptTemplate("[INST] {query_str} [/INST]")
         return _engine(llm=llm, text_qa_template=QUERY_FIRST)
 
-    fast = _check(build)
+    fast = _check(build, decompose=True)
     assert PrimitiveKind.DECODE in _ran(fast, QUESTIONS[1])  # the FORMAT rendered LlamaIndex's own prompt
 
 
 def test_chat_model_runs_as_one_chat_primitive() -> None:
-    fast = _check(lambda: _engine(llm=make_chat_llm(max_tokens=None)))
+    fast = _check(lambda: _engine(llm=make_chat_llm(max_tokens=None)), decompose=True)
     assert PrimitiveKind.FORMAT not in _kinds(fast)  # messages, no text prompt to split
     assert PrimitiveKind.DECODE in _ran(fast, QUESTIONS[0])
 
 
 def test_prefill_split_prefills_the_question_before_the_nodes() -> None:
     """Query-first template: the prefix with the question is prefilled while retrieval runs."""
-    fast = _check(lambda: _engine(text_qa_template=QUERY_FIRST), profiles=PROFILES)
+    fast = _check(lambda: _engine(text_qa_template=QUERY_FIRST), profiles=PROFILES, decompose=True)
     partial = [n for n in fast.graph.nodes.values() if n.kind == PrimitiveKind.PARTIAL_PREFILL]
     assert partial, fast.explain()
     prefix_format = next(
@@ -274,7 +284,7 @@ def test_prefill_split_prefills_the_question_before_the_nodes() -> None:
 def test_a_template_changed_after_optimize_falls_back_to_the_original() -> None:
     """The FORMAT no longer renders LlamaIndex's prompt: the checked branch runs the original."""
     engine = _engine()
-    fast = TeolaQueryEngine(engine)
+    fast = TeolaQueryEngine(engine, decompose=True)
     engine._response_synthesizer.update_prompts({"text_qa_template": QUERY_FIRST})
     for q in QUESTIONS:
         _same(fast.query(q), engine.query(q))
@@ -283,19 +293,19 @@ def test_a_template_changed_after_optimize_falls_back_to_the_original() -> None:
 
 @pytest.mark.parametrize("mode", ["tree_summarize", "accumulate", "compact_accumulate"])
 def test_other_synthesizers_stay_one_call(mode: str) -> None:
-    fast = _check(lambda: _engine(response_mode=mode))
+    fast = _check(lambda: _engine(response_mode=mode), decompose=True)
     assert PrimitiveKind.DECODE not in _kinds(fast)
     assert "one call" in fast.explain()
 
 
 def test_streaming_synthesizer_stays_one_call() -> None:
-    fast = TeolaQueryEngine(_engine(streaming=True))
+    fast = TeolaQueryEngine(_engine(streaming=True), decompose=True)
     assert PrimitiveKind.DECODE not in _kinds(fast)
 
 
 def test_concurrent_queries_share_the_llm_engine_one_call_per_batch() -> None:
     engine = _engine(top_k=2)
-    fast = TeolaQueryEngine(engine)
+    fast = TeolaQueryEngine(engine, decompose=True)
     questions = [f"question {i}" for i in range(6)]
     hook = Kinds()
 

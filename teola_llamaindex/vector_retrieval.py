@@ -1,24 +1,16 @@
-"""When a retriever runs as EMBED + SEARCH primitives, and how it is traced.
+"""A `VectorIndexRetriever` split into EMBED + SEARCH primitives (`decompose=True`).
 
-`VectorIndexRetriever.aretrieve(q)` computes the query embedding
-(`embed_model.aget_agg_embedding_from_queries(q.embedding_strs)`, only when the store
-needs one and `q` has none) and then searches with `QueryBundle(query_str, embedding)`.
-Teola runs the first half as an EMBED primitive on the embed model's engine and the
-second as a SEARCH primitive calling `_aretrieve` with the embedding set, so the
-retriever runs only its search; a last step resolves `IndexNode`s as `aretrieve` does,
-with the bundle the library would pass (`resolve_objects`). The same nodes, with the
-embeddings of concurrent queries batched on one engine. (The retriever's own retrieval
-start/end events are not emitted on this path.) Only the exact class
-`VectorIndexRetriever` is split (a subclass may override retrieval); every other
-retriever is one opaque step.
+    nodes = trace_vector_retrieval(b, engines, retriever, query, ctx)
 
-The sync path of the retriever stores the computed embedding on the caller's bundle;
-`attach_embedding` does the same in sync queries so a caller's bundle ends up equal.
+EMBED computes the query embedding as `aretrieve` would, SEARCH runs the retriever's
+`_aretrieve` with that embedding set, and a last step resolves `IndexNode`s with the
+bundle the library would pass (`resolve_objects`): the same nodes, with the embeddings
+of concurrent queries on one engine. The retriever's own spans and retrieval events are
+not emitted on this path. Details: docs/llamaindex.md ("Decomposed components").
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +19,9 @@ from llama_index.core.indices.vector_store.retrievers.retriever import VectorInd
 from llama_index.core.schema import IndexNode, NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
-from teola_llamaindex.common import QueryContext
-from teola_llamaindex.engines import EngineRegistry, needs_embedding
+from teola_llamaindex.engines import needs_embedding
+from teola_llamaindex.registry import EngineRegistry
+from teola_llamaindex.scope import QueryContext
 
 
 def decomposable(retriever: Any) -> bool:
@@ -41,7 +34,7 @@ def as_bundles(query: Any) -> list[QueryBundle]:
     return [QueryBundle(query) if isinstance(query, str) else query]
 
 
-def trace_retrieval(b: GraphBuilder, engines: EngineRegistry, retriever: Any, query: Value, ctx: Value) -> Value:
+def trace_vector_retrieval(b: GraphBuilder, engines: EngineRegistry, retriever: Any, query: Value, ctx: Value) -> Value:
     """EMBED + SEARCH for `retriever.(a)retrieve(query)`; returns the nodes' Value."""
     bundles = b.call(as_bundles, {"query": query}, name="bundle", inline=True)
     vectors = b.embed(
@@ -53,7 +46,9 @@ def trace_retrieval(b: GraphBuilder, engines: EngineRegistry, retriever: Any, qu
     attached = b.call(
         attach_embedding, {"bundles": bundles, "vectors": vectors, "ctx": ctx}, name="attach", inline=True
     )
-    hits = b.search(vectors, attached, engine=engines.retriever(retriever), top_k=retriever.similarity_top_k, items=1)
+    hits = b.search(
+        vectors, attached, engine=engines.vector_search(retriever), top_k=retriever.similarity_top_k, items=1
+    )
     nodes = b.call(only, {"batch": hits}, name="nodes", inline=True)
     bundle = b.call(only, {"batch": attached}, name="bundle_after", inline=True)
     return b.call(resolve_objects(retriever), {"bundle": bundle, "nodes": nodes, "ctx": ctx}, name="resolve")
@@ -79,15 +74,15 @@ def resolve_objects(retriever: BaseRetriever) -> Callable[..., Any]:
 
     With the bundle the library passes: the sync `_retrieve` has stored the embedding on
     it (`attach_embedding` did the same), the async one has not. A sync query resolves
-    objects in a worker thread (they may retrieve, blocking), and inline when there is
-    nothing to resolve (the step only drops duplicates then).
+    objects on the caller's thread (they may retrieve), and inline when there is nothing
+    to resolve (the step only drops duplicates then).
     """
 
     async def resolve(bundle: QueryBundle, nodes: list[NodeWithScore], ctx: QueryContext) -> list[NodeWithScore]:
-        if not ctx.sync:
-            return await retriever._ahandle_recursive_retrieval(bundle, nodes)
-        if any(isinstance(n.node, IndexNode) for n in nodes):
-            return await asyncio.to_thread(retriever._handle_recursive_retrieval, bundle, nodes)
-        return retriever._handle_recursive_retrieval(bundle, nodes)
+        if ctx.sync and not any(isinstance(n.node, IndexNode) for n in nodes):
+            return retriever._handle_recursive_retrieval(bundle, nodes)
+        return await ctx.call(
+            retriever._handle_recursive_retrieval, retriever._ahandle_recursive_retrieval, bundle, nodes
+        )
 
     return resolve

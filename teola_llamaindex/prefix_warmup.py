@@ -1,29 +1,12 @@
-"""`OpenAILike` / `OpenAI` clients on Teola's LLM engine path, with prefix warm-up.
+"""A vLLM prefix warmer for `OpenAILike` / `OpenAI` completion clients (not a server).
 
     llm = OpenAILike(model="smollm2", api_base="http://127.0.0.1:8000/v1", api_key="x")
-    fast = teola.optimize(index.as_query_engine(llm=llm), profiles=...)
+    fast = teola.optimize(index.as_query_engine(llm=llm))   # warms the prompt's ready prefix
 
-The LLM call stays the user's object (`acomplete(prompt, formatted=True)` / `achat`), so
-every output is LlamaIndex's own: same request, same client, same retries. What Teola
-adds is the partial prefill of a split prompt (see `teola_core.passes.prefill_split`):
-on an OpenAI-compatible vLLM server, `PARTIAL_PREFILL` sends the ready prefix to the
-server through Teola's `VLLMHTTPEngine` (tokenized by the server's `/tokenize`, whole KV
-blocks as token ids, a `max_tokens=1` completion), so the server's automatic prefix
-cache holds those blocks when the full request comes. The full prefill and the decode
-are the client's one request, as before.
-
-When it warms: the exact classes `OpenAILike` (llama-index-llms-openai-like) and `OpenAI`
-(llama-index-llms-openai) as completion models (`metadata.is_chat_model` False: their
-`acomplete` sends the prompt text to `/v1/completions`, which is what the warm-up's token
-ids are a prefix of); never for a chat model (the server would apply its chat template
-around the text: the token ids would not be a prefix) nor for OpenAI's own API (no
-`/tokenize`; it caches prompts itself). The warm-up takes the client's `api_base`,
-`model`, `api_key`, `timeout` and async HTTP client, and the server's KV block size from
-its `/metrics` (16 if it has none).
-
-A warm-up is an optimization only: if it fails (no `/tokenize`, a timeout, ...) the
-query goes on unchanged, the engine records why (`warm_error`) and sends no more
-warm-ups. `warm_prefix=False` (an option of every optimized object) turns it off.
+The user's client still makes every LLM request; a split prefill's ready prefix is sent
+ahead to the vLLM server (its `/tokenize`, whole KV blocks, `max_tokens=1`) so its prefix
+cache holds it when the full request comes. When it warms, and why a failed warm-up
+changes nothing: docs/llamaindex.md ("Prefix warm-up").
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ from llama_index.core.llms import LLM
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
-from teola_llamaindex.engines import LlamaIndexLLMEngine
+from teola_llamaindex.engines import Contexts, LlamaIndexLLMEngine
 
 _CLIENTS = (("llama_index.llms.openai_like", "OpenAILike"), ("llama_index.llms.openai", "OpenAI"))
 _NO_WARMUP_HOSTS = frozenset({"api.openai.com"})
@@ -71,11 +54,11 @@ def why_no_warmup(llm: Any) -> str | None:
     return None
 
 
-class OpenAICompatibleLLMEngine(LlamaIndexLLMEngine):
+class PrefixWarmingLLMEngine(LlamaIndexLLMEngine):
     """An `OpenAILike` / `OpenAI` client whose partial prefills warm its server (module docstring)."""
 
-    def __init__(self, name: str, llm: LLM, warmer: Any) -> None:
-        super().__init__(name, llm)
+    def __init__(self, name: str, llm: LLM, warmer: Any, contexts: Contexts | None = None) -> None:
+        super().__init__(name, llm, contexts)
         self.warmer = warmer
         self.warm_error: str | None = None
         self._own_client = getattr(llm, "_async_http_client", None) is None
@@ -113,7 +96,7 @@ def warmup_notes(engines: Any) -> list[str]:
     """One line per LLM engine of an `EngineSet`: does it warm split prefixes, and where."""
     notes = []
     for name, engine in engines.engines.items():
-        if isinstance(engine, OpenAICompatibleLLMEngine):
+        if isinstance(engine, PrefixWarmingLLMEngine):
             state = f"stopped ({engine.warm_error})" if engine.warm_error else f"{engine.warmups} sent"
             notes.append(f"{name}: warms split prefixes on {engine.warmer.base_url} ({state})")
         elif isinstance(engine, LlamaIndexLLMEngine):
@@ -122,10 +105,10 @@ def warmup_notes(engines: Any) -> list[str]:
     return notes
 
 
-def llm_engine(name: str, llm: LLM, *, warm_prefix: bool = True) -> LlamaIndexLLMEngine:
+def llm_engine(name: str, llm: LLM, contexts: Contexts, *, warm_prefix: bool = True) -> LlamaIndexLLMEngine:
     """The engine for `llm`: with prefix warm-up where `why_no_warmup` allows, else plain."""
     if not warm_prefix or why_no_warmup(llm) is not None:
-        return LlamaIndexLLMEngine(name, llm)
+        return LlamaIndexLLMEngine(name, llm, contexts)
     from teola_adapters.vllm_http.engine import VLLMHTTPEngine
 
     warmer = VLLMHTTPEngine(
@@ -137,4 +120,4 @@ def llm_engine(name: str, llm: LLM, *, warm_prefix: bool = True) -> LlamaIndexLL
         retries=0,
         http_client=getattr(llm, "_async_http_client", None),
     )
-    return OpenAICompatibleLLMEngine(name, llm, warmer)
+    return PrefixWarmingLLMEngine(name, llm, warmer, contexts)

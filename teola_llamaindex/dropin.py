@@ -1,0 +1,182 @@
+"""What every LlamaIndex drop-in shares, in one place (the seam for a common drop-in base).
+
+    class TeolaThing(LlamaIndexDropIn):
+        def query(self, q):
+            return self.run_sync(lambda ctx: self.run_graph(self.graph, {"query": q}, ctx))
+
+The original object, its engines, one runtime per event loop, the loop thread of the
+sync methods (`close()` stops it), the `passes` option resolved once (`optimize_graph`),
+graph runs that count themselves (`calls_on_graph`) and hand back the user's own
+exception, and opaque calls: the original's own method as the one step of a graph.
+Attributes the drop-in does not define are the original's.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from teola_core.ir.builder import GraphBuilder
+from teola_core.ir.errors import PrimitiveError
+from teola_core.ir.graph import Graph
+from teola_core.passes import run_passes
+from teola_core.profiles.profile import LatencyProfile
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
+from teola_core.runtime.loop_thread import LoopThread
+from teola_llamaindex.common import unwrap_error
+from teola_llamaindex.prefix_warmup import warmup_notes
+from teola_llamaindex.registry import EngineRegistry
+from teola_llamaindex.scope import CallerLoop, CallerThread, QueryContext
+
+T = TypeVar("T")
+
+
+class LlamaIndexDropIn:
+    """The plumbing of a drop-in (see the module docstring); subclasses trace and call.
+
+    Options: backend ("local", scheduled and batching, or "reference"), policy (the local
+    runtime's engine scheduling policy), passes (True, False or a `PassManager`), profiles
+    (latency profiles by engine name, e.g. "llm:MockLLM", for the passes to plan with),
+    warm_prefix (warm a split prompt's ready prefix on a vLLM server, `prefix_warmup`),
+    decompose (split components into primitives even where their own spans, events and
+    callbacks are then not emitted: docs/llamaindex.md, "Decomposed components").
+    """
+
+    def __init__(
+        self,
+        original: Any,
+        *,
+        backend: str = DEFAULT_BACKEND,
+        policy: str = "topology",
+        passes: Any = True,
+        profiles: Mapping[str, LatencyProfile] | None = None,
+        warm_prefix: bool = True,
+        decompose: bool = False,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+        self.original = original
+        self.backend = backend
+        self.policy = policy
+        self.decompose = decompose
+        self.calls_on_graph = 0  # graph runs so far (opaque ones included)
+        self._passes = passes
+        self._profiles = dict(profiles or {})
+        self._engines = EngineRegistry(warm_prefix=warm_prefix)
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
+        self._thread = LoopThread(f"teola:{type(original).__name__}")
+        self._finalizer = weakref.finalize(self, self._thread.close)
+        self._ids = itertools.count()
+
+    def __getattr__(self, name: str) -> Any:
+        original = self.__dict__.get("original")
+        if original is None:
+            raise AttributeError(name)
+        return getattr(original, name)
+
+    # -- the shared surface ---------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the event-loop thread of the sync methods (it restarts if used again)."""
+        self._thread.close()
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The names of the engines the traced object runs on."""
+        return self._runtimes.engine_names
+
+    def runtime_for_current_loop(self) -> Any:
+        """The runtime serving async calls on the running event loop (one per loop)."""
+        return self._runtimes.current()
+
+    def explain_graphs(self, pgraph: Graph, graph: Graph, passes: list[str]) -> list[str]:
+        """The engines, prefix warm-ups, passes, p-graph and e-graph, as `explain()` lines."""
+        return [
+            "engines: " + (", ".join(self._engines.engines.engines) or "none"),
+            *warmup_notes(self._engines.engines),
+            "passes: " + (", ".join(passes) or "none"),
+            "p-graph:",
+            pgraph.summary(),
+            "e-graph:",
+            graph.summary(),
+        ]
+
+    # -- running --------------------------------------------------------------------------
+    def optimize_graph(self, pgraph: Graph) -> tuple[Graph, list[str]]:
+        """The e-graph of a traced graph under this drop-in's `passes` and `profiles`."""
+        return run_passes(pgraph, self._passes, {**self._engines.engines.profiles(), **self._profiles})
+
+    async def run_graph(self, graph: Graph, inputs: Mapping[str, Any], ctx: QueryContext) -> dict[str, Any]:
+        """One run of `graph` (its `context` input is `ctx`); raises the user's own exception."""
+        qid = f"li{next(self._ids)}"
+        self._engines.contexts[qid] = ctx
+        self.calls_on_graph += 1
+        try:
+            try:
+                return await self._runtimes.current().run(graph, {**inputs, "context": ctx}, query_id=qid)
+            except PrimitiveError as exc:
+                error = unwrap_error(exc, {n.id: n.module or "" for n in graph.nodes.values()})
+        finally:
+            del self._engines.contexts[qid]
+        raise error
+
+    def run_sync(self, work: Callable[[QueryContext], Awaitable[T]]) -> T:
+        """`work(ctx)` for a sync call; the framework's sync calls run on the calling thread.
+
+        The graph runs on an event loop of the calling thread that the call drives
+        (`CallerLoop`); where that thread already runs a loop (a sync call from async
+        code), on this object's loop thread while the caller serves its calls (`CallerThread`).
+        """
+        if CallerLoop.usable():
+            loop = CallerLoop()
+            return loop.drive(_awaited(work(QueryContext(sync=True, caller=loop))))
+        caller = CallerThread()
+        return caller.serve(self._thread.submit(_awaited(work(QueryContext(sync=True, caller=caller)))))
+
+    def call_opaque(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` (the original's sync method) as the one step of a graph."""
+        thunk = functools.partial(fn, *args, **kwargs)
+        return self.run_sync(lambda ctx: self._opaque(thunk, ctx))
+
+    async def acall_opaque(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """`await fn(*args, **kwargs)` (the original's async method) as the one step of a graph."""
+        return await self._opaque(functools.partial(fn, *args, **kwargs), QueryContext(sync=False))
+
+    async def _opaque(self, thunk: Callable[[], Any], ctx: QueryContext) -> Any:
+        return (await self.run_graph(_OPAQUE, {"thunk": thunk}, ctx))["result"]
+
+
+D = TypeVar("D", bound=LlamaIndexDropIn)
+
+
+def weak_drop_in(drop_in: D) -> Callable[[], D]:
+    """A weak reference for a view's hooks (the view must not keep its drop-in alive)."""
+    ref = weakref.ref(drop_in)
+
+    def get() -> D:
+        alive = ref()
+        if alive is None:
+            raise RuntimeError("this view belongs to a Teola drop-in that no longer exists")
+        return alive
+
+    return get
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def _run_thunk(thunk: Callable[[], Any], ctx: QueryContext) -> Any:
+    return await ctx.blocking(thunk) if ctx.sync else await ctx.awaiting(thunk())
+
+
+def _opaque_graph() -> Graph:
+    b = GraphBuilder("opaque")
+    ctx, thunk = b.input("context"), b.input("thunk")
+    b.output(result=b.call(_run_thunk, {"thunk": thunk, "ctx": ctx}, name="run"))
+    return b.build()
+
+
+_OPAQUE = _opaque_graph()

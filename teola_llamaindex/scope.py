@@ -1,0 +1,188 @@
+"""Where a traced step runs the framework's own code: in the caller's context, on its thread.
+
+    ctx = QueryContext(sync=True, caller=CallerThread())  # taken inside the framework's own span
+    nodes = await ctx.call(retriever.retrieve, retriever.aretrieve, bundle)
+
+LlamaIndex keeps its instrumentation state (active span, callback trace stack, tags) in
+contextvars, so every step runs in a copy of the context captured where plain LlamaIndex
+would have run it: spans, events and callback events nest as they do without Teola. Sync
+queries run the framework's sync API on the thread that called the sync method, outside
+any running loop (`CallerLoop`, or `CallerThread` where that thread runs a loop already),
+so thread-bound resources (an in-memory SQLite connection, thread locals) behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import contextvars
+import dataclasses
+import queue
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+
+
+class CallerThread:
+    """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's),
+    while the graph runs on another thread's loop (the caller's own loop is busy)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+
+    async def submit(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the caller's thread; its result or exception comes back here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, future, loop))
+        return await future
+
+    def serve(self, done: concurrent.futures.Future[T]) -> T:
+        """Run submitted calls, in order, until `done` is; then its result."""
+        done.add_done_callback(lambda _: self._jobs.put(None))
+        try:
+            while (job := self._jobs.get()) is not None:
+                fn, future, loop = job
+                try:
+                    result = fn()
+                except Exception as exc:
+                    loop.call_soon_threadsafe(_settle, future, None, exc)
+                else:
+                    loop.call_soon_threadsafe(_settle, future, result, None)
+            return done.result()
+        except BaseException:  # KeyboardInterrupt and the like: the query stops with the caller
+            done.cancel()
+            raise
+
+
+class CallerLoop:
+    """Runs a sync query's graph on an event loop of the calling thread, driven by `drive`:
+    the loop turns until a framework call is due, which then runs outside the loop (as in
+    plain LlamaIndex: no running loop), and so on until the graph is done. No thread hops.
+    """
+
+    _loops = threading.local()
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = collections.deque()
+        self._wake: asyncio.Future[None] | None = None
+
+    @classmethod
+    def usable(cls) -> bool:
+        """True when this thread runs no event loop (else a loop thread has to run the graph)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        return False
+
+    async def submit(self, fn: Callable[[], T]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.append((fn, future))
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+        return await future
+
+    def drive(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on this thread's loop (kept for the thread's life, so runtimes stay)."""
+        loop = self._loop()
+        task = loop.create_task(work, context=contextvars.copy_context())
+        try:
+            while True:
+                loop.run_until_complete(self._due(task))
+                while self._jobs:
+                    fn, future = self._jobs.popleft()
+                    try:
+                        result = fn()
+                    except Exception as exc:
+                        _settle(future, None, exc)
+                    else:
+                        _settle(future, result, None)
+                if task.done():
+                    return task.result()
+        except BaseException:  # KeyboardInterrupt and the like: the query stops with the caller
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+            raise
+
+    async def _due(self, task: asyncio.Task[Any]) -> None:
+        """Return once a framework call is due or the work is done."""
+        if self._jobs or task.done():
+            return
+        self._wake = wake = asyncio.get_running_loop().create_future()
+        task.add_done_callback(lambda _: wake.done() or wake.set_result(None))
+        await wake
+
+    @classmethod
+    def _loop(cls) -> asyncio.AbstractEventLoop:
+        loop = getattr(cls._loops, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = cls._loops.loop = asyncio.new_event_loop()
+            weakref.finalize(threading.current_thread(), loop.close)
+        return loop
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the step was cancelled meanwhile (its query failed)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """One query's facts for its steps: sync or async API, the caller's context and thread.
+
+    `scope`: the contextvars where plain LlamaIndex runs the traced code (captured when
+    the query starts, inside the framework's own span). `caller`: for sync queries, the
+    calling thread (None: a worker thread, where the caller cannot serve).
+    """
+
+    sync: bool
+    scope: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
+    caller: CallerThread | CallerLoop | None = field(default=None, compare=False)
+    modules: dict[str, QueryContext] = field(default_factory=dict, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to another process (a Ray actor): only `sync` travels; the caller's context cannot."""
+        return (QueryContext, (self.sync,))
+
+    def in_module(self, module: str, scope: contextvars.Context) -> QueryContext:
+        """This query's context for one module that runs in a scope of its own (a span of its own)."""
+        ctx = self.modules[module] = dataclasses.replace(self, scope=scope)
+        return ctx
+
+    def for_module(self, module: str | None) -> QueryContext:
+        """The context a module's primitives run in (`in_module`'s, or the query's)."""
+        return self.modules.get(module, self) if module is not None else self
+
+    async def call(
+        self, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
+    ) -> T:
+        """The framework's sync API for sync queries, its async API for async ones."""
+        if self.sync:
+            return await self.blocking(sync_fn, *args, **kwargs)
+        return await self.awaiting(async_fn(*args, **kwargs))
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A sync framework call: on the caller's thread (sync queries) or a worker thread."""
+        scoped = self.scope.copy()
+        if self.sync and self.caller is not None:
+            return await self.caller.submit(lambda: scoped.run(fn, *args, **kwargs))
+        return await asyncio.to_thread(scoped.run, fn, *args, **kwargs)
+
+    async def awaiting(self, coro: Coroutine[Any, Any, T]) -> T:
+        """An async framework call, as a task in a copy of the scope (cancelled with the step)."""
+        return await asyncio.get_running_loop().create_task(coro, context=self.scope.copy())
