@@ -11,8 +11,9 @@ variable, and as a JSON object (validated against the app's input schema; errors
 the field) for an app taking several. See `inputs`.
 
 Modules: `apps` (loading, the `App` seam), `schemas` (request/response models),
-`inputs`/`responses` (mapping), `routes`, `calls` (disconnect = cancel), `streaming`
-(SSE), `metrics` (Prometheus), `errors` (OpenAI error format), `app` (FastAPI factory),
+`inputs`/`responses` (mapping), `routes`, `admission` (overload: bounded work, a bounded
+wait, 503), `calls` (disconnect = cancel), `streaming` (SSE), `metrics` (Prometheus),
+`errors` (OpenAI error format), `options` (`ServeOptions`), `app` (FastAPI factory),
 `runner` (uvicorn, foreground or background thread), `cli`.
 """
 
@@ -28,6 +29,7 @@ _EXPORTS = {
     "load_apps": "teola.server.apps",
     "wrap_app": "teola.server.apps",
     "create_app": "teola.server.app",
+    "ServeOptions": "teola.server.options",
     "BackgroundServer": "teola.server.runner",
     "serve": "teola.server.runner",
 }

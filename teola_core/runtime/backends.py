@@ -19,6 +19,7 @@ from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.reference import evaluate
+from teola_core.runtime.timeouts import Timeouts
 
 BACKENDS = ("reference", "local", "ray")
 DEFAULT_BACKEND = "local"
@@ -40,14 +41,17 @@ class ReferenceRuntime(Runtime):
         self._hooks.append(hook)
 
 
-def make_runtime(engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology") -> Runtime:
-    """A fresh runtime of the named backend over `engines`."""
+def make_runtime(
+    engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology", timeouts: Timeouts | None = None
+) -> Runtime:
+    """A fresh runtime of the named backend over `engines`. `timeouts`: the local backend's
+    deadlines (`Timeouts`; default 600 s for engine batches and user steps)."""
     if backend == "reference":
         return ReferenceRuntime(engines)
     if backend == "local":
         from teola_core.runtime.local import LocalRuntime
 
-        return LocalRuntime(engines, policy=policy)
+        return LocalRuntime(engines, policy=policy, timeouts=timeouts)
     if backend == "ray":  # each engine copied into one Ray actor; Ray connects as `RAY_ADDRESS` says
         from teola_core.runtime.ray import RayRuntime
         from teola_core.runtime.ray_pool import ray_engines
@@ -61,11 +65,17 @@ class RuntimePerLoop:
 
     Runtimes hold loop-bound futures and queues, so a drop-in object that is called from
     several loops (the caller's, its own sync thread's, a server's) keeps one each.
-    `hooks` are added to every runtime it creates.
+    `hooks` are added to every runtime it creates; `timeouts` (a `Timeouts`, or seconds for
+    engines and steps alike) set the deadlines of each: what `optimize(..., timeout=)` passes.
     """
 
     def __init__(
-        self, engines: EngineSet, backend: str = DEFAULT_BACKEND, policy: str = "topology", hooks: Sequence[Any] = ()
+        self,
+        engines: EngineSet,
+        backend: str = DEFAULT_BACKEND,
+        policy: str = "topology",
+        hooks: Sequence[Any] = (),
+        timeouts: Timeouts | float | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -73,6 +83,7 @@ class RuntimePerLoop:
         self.backend = backend
         self.policy = policy
         self.hooks = tuple(hooks)
+        self.timeouts = Timeouts.of(timeouts)
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
@@ -82,7 +93,7 @@ class RuntimePerLoop:
         with self._lock:
             runtime = self._runtimes.get(loop)
             if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(self.engines, self.backend, self.policy)
+                runtime = self._runtimes[loop] = make_runtime(self.engines, self.backend, self.policy, self.timeouts)
                 for hook in self.hooks:
                     runtime.add_hook(hook)
             return runtime

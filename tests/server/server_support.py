@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @dataclass
@@ -15,6 +16,11 @@ class Served:
     apps: dict[str, Any]
     started: Any
     cancelled: Any
+
+    def metrics(self) -> str:
+        import httpx
+
+        return httpx.get(f"{self.url}/metrics", headers=AUTH).text
 
     def openai(self, **options: Any) -> Any:
         import openai

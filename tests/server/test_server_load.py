@@ -17,14 +17,14 @@ RSS_GROWTH_BOUND = 64 << 20
 
 def rss(served: Served) -> float:
     """The server process's resident memory, from its own /metrics."""
-    text = httpx.get(f"{served.url}/metrics").text
+    text = served.metrics()
     match = re.search(r"^process_resident_memory_bytes ([0-9.e+]+)$", text, re.M)
     assert match is not None
     return float(match.group(1))
 
 
 def in_progress(served: Served) -> float:
-    text = httpx.get(f"{served.url}/metrics").text
+    text = served.metrics()
     return sum(float(v) for v in re.findall(r"^teola_requests_in_progress\{[^}]*\} ([0-9.e+-]+)$", text, re.M))
 
 
