@@ -197,6 +197,7 @@ def make_router(state: ServerState) -> APIRouter:
                 output = await watch.race(app.ainvoke(value), "running")
         except Overloaded as exc:
             state.metrics.shed.labels(app.name, exc.reason).inc()
+            log.debug("shed a request to %s (%s): %s", app.name, exc.reason, exc)
             done("503")
             raise overloaded(app.name, str(exc), options.retry_after_s) from None
         except ClientGone as left:
