@@ -3,14 +3,20 @@
 At most `limit` queries of the app run at once; up to `queue` more wait, first come first
 served, each at most `wait_s`; a request that finds the queue full, or waits past its
 deadline, is shed (the route answers 503 with `Retry-After`, which the OpenAI clients
-retry). Work admitted is never more than the engines can serve, so under overload the
-server keeps answering at capacity instead of slowing every request down until all miss
-their deadlines.
+retry). Work admitted is never more than the server can serve, so under overload it keeps
+answering at capacity instead of slowing every request down until all miss their deadlines.
+
+`limit` adapts between `min_limit` and `max_limit` (the engines' capacity, or
+`--max-concurrency`) to the server's own CPU, read as event-loop lag (`lag.LoopLag`):
+each lag sample above `lag_target_s` cuts it by 10 %; each sample well below it, while
+requests wait, raises it by one. An app bound by its engines (a GPU, a remote model)
+never lags the loop and keeps its engines' limit; a server whose own CPU is the
+bottleneck (or is taken by other processes) admits only what it can finish.
 
 `Admission` is a pure state machine (events in, actions out, no clock, no I/O); `Gate`
 drives it on the event loop:
 
-    gate = Gate(Admission(limit=64, queue=64), wait_s=2.0)
+    gate = Gate(Admission(max_limit=64, queue=64), wait_s=2.0)
     ticket = gate.ticket()
     try:
         await gate.enter(ticket)       # raises Overloaded when shed
@@ -32,7 +38,7 @@ ShedReason = Literal["queue_full", "queue_timeout"]
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Request `ticket` may run now (it holds one of the `limit` slots until `Leave`)."""
+    """Request `ticket` may run now (it holds one of the `limit` slots until it leaves)."""
 
     ticket: int
 
@@ -44,13 +50,16 @@ class Shed:
 
 
 class Admission:
-    """running: tickets holding a slot; waiting: tickets queued, oldest first."""
+    """running: tickets holding a slot; waiting: tickets queued, oldest first; limit: slots now."""
 
-    def __init__(self, limit: int, queue: int) -> None:
-        if limit < 1 or queue < 0:
-            raise ValueError(f"admission needs limit >= 1 and queue >= 0, got limit={limit}, queue={queue}")
-        self.limit = limit
+    def __init__(self, max_limit: int, queue: int, *, min_limit: int = 4, lag_target_s: float = 0.05) -> None:
+        if max_limit < 1 or queue < 0 or min_limit < 1:
+            raise ValueError(f"admission needs limits >= 1 and queue >= 0, got {max_limit=}, {min_limit=}, {queue=}")
+        self.max_limit = max_limit
+        self.min_limit = min(min_limit, max_limit)
+        self.limit = max_limit
         self.queue = queue
+        self.lag_target_s = lag_target_s
         self.running: set[int] = set()
         self.waiting: OrderedDict[int, None] = OrderedDict()
 
@@ -72,12 +81,7 @@ class Admission:
         if ticket not in self.running:
             return []  # it was shed
         self.running.remove(ticket)
-        admitted: list[Admit | Shed] = []
-        while self.waiting and len(self.running) < self.limit:
-            nxt, _ = self.waiting.popitem(last=False)
-            self.running.add(nxt)
-            admitted.append(Admit(nxt))
-        return admitted
+        return self._admit_waiting()
 
     def expire(self, ticket: int) -> list[Admit | Shed]:
         """A queued request's wait deadline passed: shed it (nothing if it runs already)."""
@@ -86,27 +90,44 @@ class Admission:
         del self.waiting[ticket]
         return [Shed(ticket, "queue_timeout")]
 
+    def lagged(self, lag_s: float) -> list[Admit | Shed]:
+        """The event loop ran `lag_s` late: cut the limit if the server's CPU cannot keep up,
+        raise it by one if requests wait and the loop is idle enough."""
+        if lag_s > self.lag_target_s:
+            self.limit = max(self.min_limit, int(self.limit * 0.9))
+        elif lag_s < self.lag_target_s / 2 and self.waiting and self.limit < self.max_limit:
+            self.limit += 1
+        return self._admit_waiting()
+
+    @property
+    def full(self) -> bool:
+        """A request arriving now would be shed at once."""
+        return len(self.running) >= self.limit and len(self.waiting) >= self.queue
+
+    def _admit_waiting(self) -> list[Admit | Shed]:
+        admitted: list[Admit | Shed] = []
+        while self.waiting and len(self.running) < self.limit:
+            nxt, _ = self.waiting.popitem(last=False)
+            self.running.add(nxt)
+            admitted.append(Admit(nxt))
+        return admitted
+
 
 class Overloaded(Exception):
     """The request was shed; `reason` says why (queue full, or waited too long)."""
 
-    def __init__(self, reason: ShedReason, limit: int, queue: int) -> None:
+    def __init__(self, reason: ShedReason, admission: Admission) -> None:
         why = "the wait queue is full" if reason == "queue_full" else "it waited too long for a free slot"
-        super().__init__(f"{limit} queries running and {queue} waiting: {why}")
+        super().__init__(
+            f"{len(admission.running)} queries running (limit {admission.limit}), "
+            f"{len(admission.waiting)} waiting (at most {admission.queue}): {why}"
+        )
         self.reason = reason
 
 
 class Gate:
     """An `Admission` on the event loop: a request takes a ticket, waits for its turn at
-    most `wait_s`, and gives the ticket back however it ends.
-
-        ticket = gate.ticket()
-        try:
-            await gate.enter(ticket)    # Overloaded if shed
-            ...
-        finally:
-            gate.leave(ticket)
-    """
+    most `wait_s`, and gives the ticket back however it ends."""
 
     def __init__(self, admission: Admission, wait_s: float) -> None:
         self.admission = admission
@@ -122,6 +143,10 @@ class Gate:
     def waiting(self) -> int:
         return len(self.admission.waiting)
 
+    @property
+    def full(self) -> bool:
+        return self.admission.full
+
     def ticket(self) -> int:
         return next(self._tickets)
 
@@ -132,19 +157,27 @@ class Gate:
             return
         waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.wait_s)
+            async with asyncio.timeout(self.wait_s):
+                await waiter
         except TimeoutError:
-            for action in self.admission.expire(ticket):
+            for action in self.admission.expire(ticket):  # none if it was admitted meanwhile
                 self._raise_if_shed(action)
         finally:
             self._waiters.pop(ticket, None)
 
     def leave(self, ticket: int) -> None:
-        for action in self.admission.leave(ticket):
+        self._wake(self.admission.leave(ticket))
+
+    def lagged(self, lag_s: float) -> None:
+        """A lag sample from the event loop (`lag.LoopLag` calls it)."""
+        self._wake(self.admission.lagged(lag_s))
+
+    def _wake(self, actions: list[Admit | Shed]) -> None:
+        for action in actions:
             waiter = self._waiters.get(action.ticket)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
     def _raise_if_shed(self, action: Admit | Shed) -> None:
         if isinstance(action, Shed):
-            raise Overloaded(action.reason, self.admission.limit, self.admission.queue)
+            raise Overloaded(action.reason, self.admission)

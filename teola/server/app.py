@@ -4,7 +4,8 @@ At startup (on the server's event loop) every app attaches a metrics hook to the
 runtime it keeps for that loop: the runtime all requests of the app then share, so the
 engine schedulers batch across requests. Each app gets its admission gate there too:
 its bound on concurrent queries is `max_concurrency`, or what its engines can serve
-(`App.capacity`, 64 when unknown). At shutdown the runtimes are closed.
+(`App.capacity`, 64 when unknown); when every gate is full, requests are refused before
+they are routed (`shedding`). At shutdown the runtimes are closed.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from starlette.exceptions import HTTPException
 from teola.server.admission import Admission, Gate
 from teola.server.apps import App
 from teola.server.errors import APIError, handle_api_error
+from teola.server.lag import LoopLag
 from teola.server.metrics import ServerMetrics
 from teola.server.options import ServeOptions
 from teola.server.routes import ServerState, make_router
 from teola.server.schemas import ErrorResponse
+from teola.server.shedding import ShedWhenFull
 from teola_core.runtime.timeouts import Timeouts
 
 log = logging.getLogger("teola.server")
@@ -45,7 +48,8 @@ def create_app(apps: Sequence[App], options: ServeOptions | None = None, **chang
         raise ValueError(f"app names must be unique, got {names}")
     options = replace(options or ServeOptions(), **changes)
     gates: dict[str, Gate] = {}
-    metrics = ServerMetrics(apps, gates)
+    lag = LoopLag()
+    metrics = ServerMetrics(apps, gates, lag)
     state = ServerState({a.name: a for a in apps}, gates, metrics, options)
 
     @asynccontextmanager
@@ -55,15 +59,26 @@ def create_app(apps: Sequence[App], options: ServeOptions | None = None, **chang
             if options.step_timeout_s is not None and hasattr(app, "use_timeouts"):
                 app.use_timeouts(Timeouts.of(options.step_timeout_s))
             gates[app.name] = gate_for(app, options)
+            lag.listen(gates[app.name].lagged)
+        lag.start()
         try:
             yield
         finally:
+            lag.stop()
             for app in apps:
                 await app.close()
 
     api = FastAPI(title="Teola", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     api.state.teola = state
     api.include_router(make_router(state))
+    api.add_middleware(
+        ShedWhenFull,
+        gates=gates,
+        metrics=metrics,
+        retry_after_s=options.retry_after_s,
+        lag=lag,
+        max_lag_s=options.max_lag_s,
+    )
     api.add_exception_handler(APIError, handle_api_error)
     api.add_exception_handler(HTTPException, _http_error)
     api.add_exception_handler(Exception, _internal_error)
@@ -71,14 +86,15 @@ def create_app(apps: Sequence[App], options: ServeOptions | None = None, **chang
 
 
 def gate_for(app: App, options: ServeOptions) -> Gate:
-    """The app's admission gate: `max_concurrency` or its engines' capacity; the queue as long."""
+    """The app's admission gate: at most `max_concurrency` or its engines' capacity at once
+    (less while the server's CPU cannot keep up); the queue as long."""
     capacity = getattr(app, "capacity", lambda: None)()
     limit = options.max_concurrency or capacity or DEFAULT_CONCURRENCY
     queue = limit if options.max_queue is None else options.max_queue
     log.info(
         "app %r: at most %d queries at once, %d more may wait %g s", app.name, limit, queue, options.queue_timeout_s
     )
-    return Gate(Admission(limit, queue), options.queue_timeout_s)
+    return Gate(Admission(limit, queue, lag_target_s=options.lag_target_s), options.queue_timeout_s)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

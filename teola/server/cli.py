@@ -103,7 +103,9 @@ def _run(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout,
             step_timeout_s=args.timeout,
         )
-        serve(args.apps, host=args.host, port=args.port, backend=args.backend, log_level=args.log_level, options=options)
+        serve(
+            args.apps, host=args.host, port=args.port, backend=args.backend, log_level=args.log_level, options=options
+        )
     except (AppSpecError, ValueError) as exc:
         raise SystemExit(f"teola serve: {exc}") from None
     return 0

@@ -67,7 +67,7 @@ def make_router(state: ServerState) -> APIRouter:
     router = APIRouter()
     options = state.options
 
-    def require_key(request: Request) -> None:
+    async def require_key(request: Request) -> None:  # async: FastAPI runs a plain def in a thread pool
         if options.api_key is None:
             return
         header = request.headers.get("authorization", "")
@@ -77,7 +77,7 @@ def make_router(state: ServerState) -> APIRouter:
         if not hmac.compare_digest(token.strip().encode(), options.api_key.encode()):
             raise APIError(401, "invalid API key", "authentication_error", code="invalid_api_key")
 
-    def require_json(request: Request) -> None:
+    async def require_json(request: Request) -> None:
         """A JSON body only: a browser page cannot send one cross-site without a preflight."""
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
