@@ -166,17 +166,10 @@ def make_router(state: ServerState) -> APIRouter:
         else:
             text, param = prompt_text(body.prompt)
         value = to_app_input(app.input_schema(), text, param, app.name)
-        return await run(request, app, kind, body, text, value, deadline)
+        return await run(request, Query(app, kind, body, text, value, deadline))
 
-    async def run(
-        request: Request,
-        app: App,
-        kind: Literal["chat", "completion"],
-        body: ChatCompletionRequest | CompletionRequest,
-        text: str,
-        value: Any,
-        deadline: float,
-    ) -> Response:
+    async def run(request: Request, q: Query) -> Response:
+        app = q.app
         endpoint = request.url.path
         done = track(app.name, endpoint)
         gate = state.gates[app.name]
@@ -184,17 +177,17 @@ def make_router(state: ServerState) -> APIRouter:
         watch = ClientWatch(request)
         streaming = False
         phase: Phase = "queued"
-        scope = asyncio.timeout_at(deadline)
+        scope = asyncio.timeout_at(q.deadline)
         try:
             async with scope:
                 await watch.race(gate.enter(ticket), "queued")
                 phase = "running"
-                if body.stream:
+                if q.body.stream:
                     end = StreamEnd(lambda phase: gone(app.name, endpoint, phase), done)
-                    response = await start_stream(app, kind, body, text, value, deadline, watch, ticket, end)
+                    response = await start_stream(q, watch, ticket, end)
                     streaming = True
                     return response
-                output = await watch.race(app.ainvoke(value), "running")
+                output = await watch.race(app.ainvoke(q.value), "running")
         except Overloaded as exc:
             state.metrics.shed.labels(app.name, exc.reason).inc()
             log.debug("shed a request to %s (%s): %s", app.name, exc.reason, exc)
@@ -218,21 +211,12 @@ def make_router(state: ServerState) -> APIRouter:
                 gate.leave(ticket)
                 watch.close()
         done("200")
-        return answer(kind, app.name, body, text, output)
+        return answer(q, output)
 
-    async def start_stream(
-        app: App,
-        kind: Literal["chat", "completion"],
-        body: ChatCompletionRequest | CompletionRequest,
-        text: str,
-        value: Any,
-        deadline: float,
-        watch: ClientWatch,
-        ticket: int,
-        end: StreamEnd,
-    ) -> Response:
+    async def start_stream(q: Query, watch: ClientWatch, ticket: int, end: StreamEnd) -> Response:
         """Await the app's first chunk (a failure before it is a plain HTTP error), then stream."""
-        chunks = ChunkStream(app, value)
+        app, body = q.app, q.body
+        chunks = ChunkStream(app, q.value)
         try:
             first = await watch.race(chunks.next(), "running")
         except BaseException:
@@ -249,15 +233,15 @@ def make_router(state: ServerState) -> APIRouter:
             watch.close()
 
         reply = StreamReply(
-            kind=kind,
+            kind=q.kind,
             model=app.name,
-            response_id=response_id(kind),
+            response_id=response_id(q.kind),
             created=int(time.time()),
-            prompt=text,
+            prompt=q.text,
             include_usage=body.stream_options is not None and body.stream_options.include_usage,
             stops=body.stops(),
             echo=isinstance(body, CompletionRequest) and bool(body.echo),
-            deadline=deadline,
+            deadline=q.deadline,
             timeout_s=options.request_timeout_s,
         )
         return SSEResponse(events(first, chunks, reply, end), on_close=close)
@@ -304,14 +288,21 @@ def response_id(kind: Literal["chat", "completion"]) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid4().hex}"
 
 
-def answer(
-    kind: Literal["chat", "completion"],
-    model: str,
-    body: ChatCompletionRequest | CompletionRequest,
-    text: str,
-    output: Any,
-) -> Response:
+@dataclass(frozen=True)
+class Query:
+    """One completion request, parsed: its app, its kind, its body, its text and the app's input."""
+
+    app: App
+    kind: Literal["chat", "completion"]
+    body: ChatCompletionRequest | CompletionRequest
+    text: str
+    value: Any
+    deadline: float  # loop time
+
+
+def answer(q: Query, output: Any) -> Response:
     """The JSON response of a finished query: its text cut at `stop`, echo honoured."""
+    kind, model, body, text = q.kind, q.app.name, q.body, q.text
     content, _ = cut_at_stop(to_text(output), body.stops())
     usage = usage_of(output, text, content)
     if kind == "chat":
