@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import count
 from typing import Any
@@ -55,22 +56,17 @@ from teola_core.scheduler.events import (
     RunBatch,
 )
 from teola_core.scheduler.graph_scheduler import GraphScheduler
-from teola_core.scheduler.sizing import default_max_batch
-
-__all__ = ["LocalRuntime", "default_max_batch"]
 
 _PLACEMENT = {kind: spec_of(kind).placement for kind in PrimitiveKind}
 
 
+@dataclass(slots=True, eq=False)
 class _QueryRun:
     """The runtime's side of one running query."""
 
-    __slots__ = ("future", "ready_at", "tasks")
-
-    def __init__(self, future: asyncio.Future[dict[str, Any]]) -> None:
-        self.future = future
-        self.ready_at: dict[str, float] = {}  # node id -> when dispatched
-        self.tasks: dict[str, asyncio.Task[None]] = {}  # user nodes running
+    future: asyncio.Future[dict[str, Any]]
+    ready_at: dict[str, float] = field(default_factory=dict)  # node id -> when dispatched
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # user nodes running
 
 
 class LocalRuntime(Runtime):
@@ -107,12 +103,7 @@ class LocalRuntime(Runtime):
         self._streams = sg.StreamGroups()
         self._schedulers = {
             name: EngineScheduler.for_engine(
-                name,
-                engine,
-                policy=policy,
-                to_max_batch=to_max_batch,
-                max_batch_override=overrides.get(name),
-                overridden=name in overrides,
+                name, engine, policy=policy, to_max_batch=to_max_batch, max_batch=overrides
             )
             for name, engine in engines.engines.items()
         }

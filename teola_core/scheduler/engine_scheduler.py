@@ -30,6 +30,7 @@ batch and a `RunBatch` goes out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import count
 
 from teola_core.engines.protocol import Engine
@@ -44,7 +45,7 @@ from teola_core.scheduler.events import (
     SchedulerError,
 )
 from teola_core.scheduler.policies import Policy, make_policy
-from teola_core.scheduler.sizing import max_batch
+from teola_core.scheduler.sizing import max_batch as max_batch_of
 
 
 class _Running:
@@ -88,15 +89,15 @@ class EngineScheduler:
         *,
         policy: str = "topology",
         to_max_batch: int | None = None,
-        max_batch_override: int | None = None,
-        overridden: bool = False,
+        max_batch: Mapping[str, int | None] | None = None,
     ) -> EngineScheduler:
-        """The scheduler of `engine` under `policy`, its max batch from its profile and limits
-        (or `max_batch_override` when `overridden`; see `sizing`)."""
+        """The scheduler of `engine` under `policy`, its max batch from its profile and limits,
+        or from `max_batch[name]` when given there (see `sizing`)."""
+        overrides = max_batch or {}
         return cls(
             name,
             policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
-            max_batch_items=max_batch(engine, max_batch_override, overridden=overridden),
+            max_batch_items=max_batch_of(engine, overrides.get(name), overridden=name in overrides),
             concurrency=engine.limits.concurrency,
             instances=engine.limits.instances,
         )

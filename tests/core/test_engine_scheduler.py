@@ -259,6 +259,7 @@ def test_for_engine_takes_the_max_batch_from_the_profile_limits_or_override() ->
     emb.limits = EngineLimits(concurrency=3, max_batch_items=8)
     es = EngineScheduler.for_engine("emb", emb, policy="fifo")
     assert (es.max_batch_items, es.concurrency, es.policy.name) == (8, 3, "fifo")
-    assert EngineScheduler.for_engine("emb", emb, max_batch_override=None, overridden=True).max_batch_items == 8
-    assert EngineScheduler.for_engine("emb", emb, max_batch_override=2, overridden=True).max_batch_items == 2
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"emb": None}).max_batch_items == 8
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"emb": 2}).max_batch_items == 2
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"other": 2}).max_batch_items == 8
     assert EngineScheduler.for_engine("emb", emb, policy="to", to_max_batch=5).policy.limit(None) == 5
