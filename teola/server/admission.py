@@ -1,17 +1,22 @@
 """Overload control for one served app: bounded work, a bounded wait, shedding.
 
-At most `limit` queries of the app run at once; up to `queue` more wait, first come first
-served, each at most `wait_s`; a request that finds the queue full, or waits past its
-deadline, is shed (the route answers 503 with `Retry-After`, which the OpenAI clients
-retry). Work admitted is never more than the server can serve, so under overload it keeps
-answering at capacity instead of slowing every request down until all miss their deadlines.
+At most `limit` queries of the app run at once; up to `queue` more wait (by default as
+many as may run: a wait of about one run at most), first come first served, each at most
+`wait_s`; a request that finds the queue full, or waits past its deadline, is shed (the
+route answers 503 with `Retry-After`, which the OpenAI clients retry). Work admitted is
+never more than the server can serve, so under overload it keeps answering at capacity
+instead of slowing every request down until all miss their deadlines.
 
 `limit` adapts between `min_limit` and `max_limit` (the engines' capacity, or
-`--max-concurrency`) to the server's own CPU, read as event-loop lag (`lag.LoopLag`):
-each lag sample above `lag_target_s` cuts it by 10 %; each sample well below it, while
-requests wait, raises it by one. An app bound by its engines (a GPU, a remote model)
-never lags the loop and keeps its engines' limit; a server whose own CPU is the
-bottleneck (or is taken by other processes) admits only what it can finish.
+`--max-concurrency`) to how long admitted queries take (a gradient limit, as Netflix's
+concurrency-limits): a slow average of their run times against a fast one says whether
+admitting more only made each slower. While the fast average stays within
+`tolerance` x the slow one the limit grows (by about its square root per answer); past
+that it shrinks in proportion. Latency that varies from query to query (long and short
+answers) moves both averages alike; only a rise that admitting more causes cuts the
+limit, so each query's time in the server stays near what the app needs, far from the
+clients' deadlines, whatever the server can actually do (its CPU, taken by other
+processes or not).
 
 `Admission` is a pure state machine (events in, actions out, no clock, no I/O); `Gate`
 drives it on the event loop:
@@ -52,14 +57,25 @@ class Shed:
 class Admission:
     """running: tickets holding a slot; waiting: tickets queued, oldest first; limit: slots now."""
 
-    def __init__(self, max_limit: int, queue: int, *, min_limit: int = 4, lag_target_s: float = 0.05) -> None:
-        if max_limit < 1 or queue < 0 or min_limit < 1:
+    def __init__(
+        self,
+        max_limit: int,
+        queue: int | None = None,
+        *,
+        min_limit: int = 4,
+        tolerance: float = 1.5,
+        start: int | None = None,
+    ) -> None:
+        if max_limit < 1 or (queue is not None and queue < 0) or min_limit < 1:
             raise ValueError(f"admission needs limits >= 1 and queue >= 0, got {max_limit=}, {min_limit=}, {queue=}")
         self.max_limit = max_limit
         self.min_limit = min(min_limit, max_limit)
-        self.limit = max_limit
-        self.queue = queue
-        self.lag_target_s = lag_target_s
+        self.limit = max(self.min_limit, min(max_limit, start if start is not None else max_limit))
+        self._estimate = float(self.limit)
+        self.max_queue = queue  # None: as many as `limit`
+        self.tolerance = tolerance
+        self.short: float | None = None  # fast average of run times (s)
+        self.long: float | None = None  # slow average
         self.running: set[int] = set()
         self.waiting: OrderedDict[int, None] = OrderedDict()
 
@@ -90,14 +106,27 @@ class Admission:
         del self.waiting[ticket]
         return [Shed(ticket, "queue_timeout")]
 
-    def lagged(self, lag_s: float) -> list[Admit | Shed]:
-        """The event loop ran `lag_s` late: cut the limit if the server's CPU cannot keep up,
-        raise it by one if requests wait and the loop is idle enough."""
-        if lag_s > self.lag_target_s:
-            self.limit = max(self.min_limit, int(self.limit * 0.9))
-        elif lag_s < self.lag_target_s / 2 and self.waiting and self.limit < self.max_limit:
-            self.limit += 1
-        return self._admit_waiting()
+    def finished(self, ticket: int, run_s: float) -> list[Admit | Shed]:
+        """A running request ended after `run_s` seconds: adapt the limit, hand its slot on."""
+        if ticket in self.running:
+            self._adapt(run_s, busy=len(self.running) >= self.limit / 2)
+        return self.leave(ticket)
+
+    def _adapt(self, run_s: float, *, busy: bool) -> None:
+        self.short = run_s if self.short is None else self.short + 0.1 * (run_s - self.short)
+        self.long = run_s if self.long is None else self.long + 0.01 * (run_s - self.long)
+        if self.long > 2 * self.short:  # the slow average remembers an overload that is over
+            self.long *= 0.95
+        gradient = max(0.5, min(1.0, self.tolerance * self.long / max(self.short, 1e-9)))
+        headroom = self._estimate**0.5 if busy else 0.0  # grow only while the limit is what binds
+        target = self._estimate * gradient + headroom
+        self._estimate = min(float(self.max_limit), max(float(self.min_limit), 0.8 * self._estimate + 0.2 * target))
+        self.limit = round(self._estimate)
+
+    @property
+    def queue(self) -> int:
+        """How many may wait now."""
+        return self.limit if self.max_queue is None else self.max_queue
 
     @property
     def full(self) -> bool:
@@ -134,6 +163,7 @@ class Gate:
         self.wait_s = wait_s
         self._tickets = count()
         self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._admitted: dict[int, float] = {}  # running ticket -> when it was admitted
 
     @property
     def running(self) -> int:
@@ -151,6 +181,10 @@ class Gate:
         return next(self._tickets)
 
     async def enter(self, ticket: int) -> None:
+        await self._enter(ticket)
+        self._admitted[ticket] = asyncio.get_running_loop().time()
+
+    async def _enter(self, ticket: int) -> None:
         actions = self.admission.arrive(ticket)
         if actions:
             self._raise_if_shed(actions[0])
@@ -166,11 +200,11 @@ class Gate:
             self._waiters.pop(ticket, None)
 
     def leave(self, ticket: int) -> None:
-        self._wake(self.admission.leave(ticket))
-
-    def lagged(self, lag_s: float) -> None:
-        """A lag sample from the event loop (`lag.LoopLag` calls it)."""
-        self._wake(self.admission.lagged(lag_s))
+        admitted_at = self._admitted.pop(ticket, None)
+        if admitted_at is None:
+            self._wake(self.admission.leave(ticket))
+        else:
+            self._wake(self.admission.finished(ticket, asyncio.get_running_loop().time() - admitted_at))
 
     def _wake(self, actions: list[Admit | Shed]) -> None:
         for action in actions:

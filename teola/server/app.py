@@ -59,7 +59,6 @@ def create_app(apps: Sequence[App], options: ServeOptions | None = None, **chang
             if options.step_timeout_s is not None and hasattr(app, "use_timeouts"):
                 app.use_timeouts(Timeouts.of(options.step_timeout_s))
             gates[app.name] = gate_for(app, options)
-            lag.listen(gates[app.name].lagged)
         lag.start()
         try:
             yield
@@ -87,14 +86,14 @@ def create_app(apps: Sequence[App], options: ServeOptions | None = None, **chang
 
 def gate_for(app: App, options: ServeOptions) -> Gate:
     """The app's admission gate: at most `max_concurrency` or its engines' capacity at once
-    (less while the server's CPU cannot keep up); the queue as long."""
+    (fewer while admitting more only slows each query down); the queue as long."""
     capacity = getattr(app, "capacity", lambda: None)()
     limit = options.max_concurrency or capacity or DEFAULT_CONCURRENCY
-    queue = limit if options.max_queue is None else options.max_queue
+    queue = "as many as run" if options.max_queue is None else str(options.max_queue)
     log.info(
-        "app %r: at most %d queries at once, %d more may wait %g s", app.name, limit, queue, options.queue_timeout_s
+        "app %r: at most %d queries at once, %s more may wait %g s", app.name, limit, queue, options.queue_timeout_s
     )
-    return Gate(Admission(limit, queue, lag_target_s=options.lag_target_s), options.queue_timeout_s)
+    return Gate(Admission(limit, options.max_queue), options.queue_timeout_s)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

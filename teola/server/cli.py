@@ -51,8 +51,8 @@ def add_serve_command(commands: Any) -> None:
         "--max-concurrency",
         type=_positive(int),
         default=None,
-        help="queries of one app running at once (default: what the app's busiest engine serves at once, "
-        "concurrency x max batch; 64 for an app without engines)",
+        help="the most queries of one app running at once; fewer while the server's own CPU cannot keep up "
+        "(default: what the app's busiest engine serves at once, concurrency x max batch; 64 without engines)",
     )
     p.add_argument(
         "--max-queue",

@@ -4,14 +4,12 @@ A callback is due every `interval` seconds; `behind()` is how late the last one 
 how overdue the next one already is. Under overload the loop falls behind before any
 app's queue fills (parsing and routing requests costs CPU too), and a request that
 waits in that backlog is invisible to the admission gates; `ShedWhenFull` refuses new
-requests while the loop is more than `ServeOptions.max_lag_s` behind, and each sample
-goes to the listeners (the apps' admission gates, which adapt their limits to it).
+requests while the loop is more than `ServeOptions.max_lag_s` behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 
 class LoopLag:
@@ -21,10 +19,6 @@ class LoopLag:
         self._due = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
-        self._listeners: list[Callable[[float], None]] = []
-
-    def listen(self, listener: Callable[[float], None]) -> None:
-        self._listeners.append(listener)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -49,5 +43,3 @@ class LoopLag:
         assert self._loop is not None
         self.last = max(0.0, self._loop.time() - self._due)
         self._schedule()
-        for listener in self._listeners:
-            listener(self.last)

@@ -17,9 +17,8 @@ class ServeOptions:
     max_body_bytes: a larger body is a 413. max_concurrency: queries of one app that may run
     at once (None: what its engines can serve). max_queue: requests that may wait for a slot
     (None: as many as may run), each at most `queue_timeout_s`; past either, 503 with
-    `Retry-After: retry_after_s`. lag_target_s: the event-loop lag above which an app's
-    limit shrinks (see `admission`). max_lag_s: new requests are also refused while the
-    event loop runs more than this far behind (see `lag`). request_timeout_s: a request's whole
+    `Retry-After: retry_after_s`. max_lag_s: new requests are also refused while the event
+    loop runs more than this far behind (see `lag`). request_timeout_s: a request's whole
     deadline (504). step_timeout_s: the apps' engine batches and user steps (None: the runtime's own, 600 s).
     """
 
@@ -29,8 +28,7 @@ class ServeOptions:
     max_concurrency: int | None = None
     max_queue: int | None = None
     queue_timeout_s: float = 2.0
-    lag_target_s: float = 0.05
-    max_lag_s: float = 0.5
+    max_lag_s: float = 1.0
     retry_after_s: int = 1
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
@@ -40,7 +38,7 @@ class ServeOptions:
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if self.max_queue is not None and self.max_queue < 0:
             raise ValueError(f"max_queue must be at least 0, got {self.max_queue}")
-        for name in ("queue_timeout_s", "request_timeout_s", "lag_target_s", "max_lag_s"):
+        for name in ("queue_timeout_s", "request_timeout_s", "max_lag_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.step_timeout_s is not None and self.step_timeout_s <= 0:

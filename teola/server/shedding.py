@@ -1,7 +1,6 @@
 """Refusing cheaply: a completion request that arrives while every app's wait queue is full,
-or while requests wait for every app and the server's event loop is far behind (`lag`:
-the backlog no queue sees), is answered 503 + `Retry-After` at once, before its body is
-read or routed.
+or while the server's event loop is far behind (`lag`: a backlog no queue sees), is
+answered 503 + `Retry-After` at once, before its body is read or routed.
 
 Under overload the server spends CPU on the requests it refuses too; if refusing cost as
 much as parsing and routing a request, refusals would crowd out the answers. With one app
@@ -49,7 +48,7 @@ class ShedWhenFull:
             await self.app(scope, receive, send)
             return
         behind = self.lag.behind()
-        if behind > self.max_lag_s and all(g.waiting for g in gates.values()):  # behind, and no room
+        if behind > self.max_lag_s:  # a backlog no queue sees: it drains at the cost of a refusal
             reason, why = "server_busy", f"the server is {behind:.1f} s behind"
         elif all(g.full for g in gates.values()):
             reason, why = "queue_full", "every wait queue is full"

@@ -25,9 +25,9 @@ class Served:
     def openai(self, **options: Any) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, **{"max_retries": 0, **options})
 
     def async_openai(self, **options: Any) -> Any:
         import openai
 
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, **options)
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, **{"max_retries": 0, **options})

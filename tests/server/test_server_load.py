@@ -60,7 +60,7 @@ def test_disconnect_mid_stream_cancels_query(blocking: Served) -> None:
 
 async def _load(served: Served, *, stream: bool, leave_every: int | None) -> tuple[list[float], int, list[str]]:
     """N_REQUESTS chat requests from N_CLIENTS concurrent clients; returns latencies, left, errors."""
-    client = served.async_openai(timeout=30.0)
+    client = served.async_openai(timeout=30.0, max_retries=2)  # as clients are: a 503 is retried
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(N_REQUESTS):
         queue.put_nowait(i)
