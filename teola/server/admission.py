@@ -1,22 +1,22 @@
 """Overload control for one served app: bounded work, a bounded wait, shedding.
 
 At most `limit` queries of the app run at once; up to `queue` more wait (by default as
-many as may run: a wait of about one run at most), first come first served, each at most
-`wait_s`; a request that finds the queue full, or waits past its deadline, is shed (the
-route answers 503 with `Retry-After`, which the OpenAI clients retry). Work admitted is
-never more than the server can serve, so under overload it keeps answering at capacity
-instead of slowing every request down until all miss their deadlines.
+many as may ever run), first come first served, each at most `wait_s`; a request that
+finds the queue full, or waits past its deadline, is shed (the route answers 503 with
+`Retry-After`, which the OpenAI clients retry). Work admitted is never more than the
+server can serve, so under overload it keeps answering at capacity instead of slowing
+every request down until all miss their deadlines.
 
 `limit` adapts between `min_limit` and `max_limit` (the engines' capacity, or
-`--max-concurrency`) to how long admitted queries take (a gradient limit, as Netflix's
-concurrency-limits): a slow average of their run times against a fast one says whether
-admitting more only made each slower. While the fast average stays within
-`tolerance` x the slow one the limit grows (by about its square root per answer); past
-that it shrinks in proportion. Latency that varies from query to query (long and short
-answers) moves both averages alike; only a rise that admitting more causes cuts the
-limit, so each query's time in the server stays near what the app needs, far from the
-clients' deadlines, whatever the server can actually do (its CPU, taken by other
-processes or not).
+`--max-concurrency`) to how long admitted queries take, as TCP Vegas (and Netflix's
+concurrency-limits) do: the median run time of each window of answers against the
+lowest recent window median (the time a query needs when nothing queues) estimates how
+many of the running queries are only queueing, `limit x (1 - base / median)`. Up to a
+quarter of the limit (at least 6) the limit grows by its square root, while it is what
+binds; past it the limit drops by half the excess. Medians of windows, not single run
+times, so answers of very different lengths (an LLM's) do not read as queueing; each
+query's time in the server stays near what the app needs, far from the clients'
+deadlines, whatever the server can actually do (its CPU, taken by others or not).
 
 `Admission` is a pure state machine (events in, actions out, no clock, no I/O); `Gate`
 drives it on the event loop:
@@ -33,7 +33,8 @@ drives it on the event loop:
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import statistics
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from itertools import count
 from typing import Literal
@@ -63,7 +64,6 @@ class Admission:
         queue: int | None = None,
         *,
         min_limit: int = 4,
-        tolerance: float = 1.5,
         start: int | None = None,
     ) -> None:
         if max_limit < 1 or (queue is not None and queue < 0) or min_limit < 1:
@@ -71,11 +71,9 @@ class Admission:
         self.max_limit = max_limit
         self.min_limit = min(min_limit, max_limit)
         self.limit = max(self.min_limit, min(max_limit, start if start is not None else max_limit))
-        self._estimate = float(self.limit)
-        self.max_queue = queue  # None: as many as `limit`
-        self.tolerance = tolerance
-        self.short: float | None = None  # fast average of run times (s)
-        self.long: float | None = None  # slow average
+        self.queue = max_limit if queue is None else queue
+        self._window: list[float] = []  # run times of the current window of answers
+        self._medians: deque[float] = deque(maxlen=30)  # recent window medians; their min is the base
         self.running: set[int] = set()
         self.waiting: OrderedDict[int, None] = OrderedDict()
 
@@ -113,20 +111,19 @@ class Admission:
         return self.leave(ticket)
 
     def _adapt(self, run_s: float, *, busy: bool) -> None:
-        self.short = run_s if self.short is None else self.short + 0.1 * (run_s - self.short)
-        self.long = run_s if self.long is None else self.long + 0.01 * (run_s - self.long)
-        if self.long > 2 * self.short:  # the slow average remembers an overload that is over
-            self.long *= 0.95
-        gradient = max(0.5, min(1.0, self.tolerance * self.long / max(self.short, 1e-9)))
-        headroom = self._estimate**0.5 if busy else 0.0  # grow only while the limit is what binds
-        target = self._estimate * gradient + headroom
-        self._estimate = min(float(self.max_limit), max(float(self.min_limit), 0.8 * self._estimate + 0.2 * target))
-        self.limit = round(self._estimate)
-
-    @property
-    def queue(self) -> int:
-        """How many may wait now."""
-        return self.limit if self.max_queue is None else self.max_queue
+        self._window.append(run_s)
+        if len(self._window) < max(16, self.limit):
+            return
+        median = statistics.median(self._window)
+        self._window.clear()
+        self._medians.append(median)
+        base = min(self._medians)
+        queueing = self.limit * (1 - base / median) if median > 0 else 0.0
+        allowed = max(6.0, self.limit / 4)
+        if queueing > allowed:
+            self.limit = max(self.min_limit, round(self.limit - (queueing - allowed) / 2))
+        elif busy:  # grow only while the limit is what binds
+            self.limit = min(self.max_limit, self.limit + max(1, round(self.limit**0.5)))
 
     @property
     def full(self) -> bool:

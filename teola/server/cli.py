@@ -81,6 +81,13 @@ def add_serve_command(commands: Any) -> None:
         help="seconds one engine batch or user step may run; past it the query fails with a TimeoutError "
         "naming the step (default: %(default)s)",
     )
+    p.add_argument(
+        "--backlog",
+        type=_positive(int),
+        default=2048,
+        help="connections the kernel holds for the server to accept; past it new connections wait or are "
+        "refused before they cost the server anything (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="info", help="uvicorn's log level (default: %(default)s)")
     p.set_defaults(handler=_run)
 
@@ -104,7 +111,13 @@ def _run(args: argparse.Namespace) -> int:
             step_timeout_s=args.timeout,
         )
         serve(
-            args.apps, host=args.host, port=args.port, backend=args.backend, log_level=args.log_level, options=options
+            args.apps,
+            host=args.host,
+            port=args.port,
+            backend=args.backend,
+            log_level=args.log_level,
+            backlog=args.backlog,
+            options=options,
         )
     except (AppSpecError, ValueError) as exc:
         raise SystemExit(f"teola serve: {exc}") from None

@@ -95,6 +95,7 @@ def serve(
     port: int = 8000,
     backend: str = "local",
     log_level: str = "info",
+    backlog: int = 2048,
     options: ServeOptions | None = None,
     **changes: Any,
 ) -> None:
@@ -112,7 +113,7 @@ def serve(
         by_spec = iter(load_apps(specs, backend=backend, search_path=cwd_path()))
         loaded = [next(by_spec) if isinstance(a, str) else a for a in apps]
     app = create_app(loaded, options)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", backlog=backlog)
     warning = exposure_warning(host, options.api_key)
     if warning:  # uvicorn's logging is configured now: the warning shows where its lines do
         logging.getLogger("uvicorn.error").warning(warning)

@@ -46,13 +46,11 @@ def test_the_limit_shrinks_when_admitting_more_only_slows_queries_down() -> None
     for ticket in range(64, 264):  # steady run times: the limit stays at its maximum
         a.finished(ticket - 64, 0.05)
         a.arrive(ticket)
-    assert a.limit == 64 and a.queue == 64
-    slow = 264
-    for ticket in range(200, 264):  # then each query takes 4x as long: the limit falls ...
-        a.finished(ticket, 0.2)
+    assert a.limit == 64
+    for slow in range(264, 664):  # then each query takes 4x as long: the limit falls ...
+        a.finished(min(a.running), 0.2)
         a.arrive(slow)
-        slow += 1
-    assert 4 <= a.limit < 32 and a.queue == a.limit  # ... and the queue with it
+    assert 4 <= a.limit <= 10 and a.queue == 64  # ... the queue stays (its wait is bounded in time)
 
 
 def test_varying_run_times_do_not_shrink_the_limit() -> None:
