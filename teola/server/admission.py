@@ -11,9 +11,9 @@ every request down until all miss their deadlines.
 `--max-concurrency`) to how long admitted queries take, as TCP Vegas (and Netflix's
 concurrency-limits) do: the median run time of each window of answers against the
 lowest recent window median (the time a query needs when nothing queues) estimates how
-many of the running queries are only queueing, `limit x (1 - base / median)`. Up to a
-quarter of the limit (at least 6) the limit grows by its square root, while it is what
-binds; past it the limit drops by half the excess. Medians of windows, not single run
+many of the running queries are only queueing, `limit x (1 - base / median)`. Up to half
+the limit (at least 8: run times may double before it shrinks) the limit grows by its
+square root, while it is what binds; past it the limit drops by half the excess. Medians of windows, not single run
 times, so answers of very different lengths (an LLM's) do not read as queueing; each
 query's time in the server stays near what the app needs, far from the clients'
 deadlines, whatever the server can actually do (its CPU, taken by others or not).
@@ -63,7 +63,7 @@ class Admission:
         max_limit: int,
         queue: int | None = None,
         *,
-        min_limit: int = 4,
+        min_limit: int = 8,
         start: int | None = None,
     ) -> None:
         if max_limit < 1 or (queue is not None and queue < 0) or min_limit < 1:
@@ -119,7 +119,7 @@ class Admission:
         self._medians.append(median)
         base = min(self._medians)
         queueing = self.limit * (1 - base / median) if median > 0 else 0.0
-        allowed = max(6.0, self.limit / 4)
+        allowed = max(8.0, self.limit / 2)
         if queueing > allowed:
             self.limit = max(self.min_limit, round(self.limit - (queueing - allowed) / 2))
         elif busy:  # grow only while the limit is what binds
