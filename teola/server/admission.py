@@ -33,6 +33,7 @@ drives it on the event loop:
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ class Admission:
         queueing = self.limit * (1 - base / median) if median > 0 else 0.0
         allowed = max(8.0, self.limit / 2)
         if queueing > allowed:
-            self.limit = max(self.min_limit, round(self.limit - (queueing - allowed) / 2))
+            self.limit = max(self.min_limit, math.floor(self.limit - (queueing - allowed) / 2))
         elif busy:  # grow only while the limit is what binds
             self.limit = min(self.max_limit, self.limit + max(1, round(self.limit**0.5)))
 

@@ -228,15 +228,15 @@ def test_a_request_past_its_deadline_is_a_504_and_its_query_is_cancelled() -> No
 
 def test_a_hung_step_fails_its_request_naming_the_step_and_the_others_are_answered() -> None:
     with guarded_server(step_timeout_s=0.3) as s:
-        client = openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=WAIT)
 
         async def main() -> list[Any]:
-            hung = client.chat.completions.create(model="hung", messages=chat("hung", "x")["messages"])
-            fine = [
-                client.chat.completions.create(model="chain", messages=chat("chain", f"q{i}")["messages"])
-                for i in range(3)
-            ]
-            return await asyncio.gather(hung, *fine, return_exceptions=True)
+            async with openai.AsyncOpenAI(base_url=f"{s.url}/v1", api_key=API_KEY, max_retries=0, timeout=WAIT) as c:
+                hung = c.chat.completions.create(model="hung", messages=chat("hung", "x")["messages"])
+                fine = [
+                    c.chat.completions.create(model="chain", messages=chat("chain", f"q{i}")["messages"])
+                    for i in range(3)
+                ]
+                return await asyncio.gather(hung, *fine, return_exceptions=True)
 
         hung, *fine = asyncio.run(main())
         assert isinstance(hung, openai.InternalServerError)
