@@ -1,4 +1,4 @@
-"""`teola serve`: LangChain apps (LlamaIndex later) behind an OpenAI-compatible HTTP API.
+"""`teola serve`: LangChain and LlamaIndex apps behind an OpenAI-compatible HTTP API.
 
     teola serve myapp:chain qa=myapp:rag_chain --port 8000 --api-key secret
 
@@ -12,9 +12,10 @@ the field) for an app taking several. See `inputs`.
 
 Modules: `apps` (loading, the `App` seam), `schemas` (request/response models),
 `inputs`/`responses` (mapping), `routes`, `admission` (overload: bounded work, a bounded
-wait, 503), `calls` (disconnect = cancel), `streaming` (SSE), `metrics` (Prometheus),
-`errors` (OpenAI error format), `options` (`ServeOptions`), `app` (FastAPI factory),
-`runner` (uvicorn, foreground or background thread), `cli`.
+wait, 503), `shedding` and `lag` (refusing before routing), `calls` (disconnect =
+cancel), `streaming` (SSE), `metrics` (Prometheus), `errors` (OpenAI error format),
+`options` (`ServeOptions`), `app` (FastAPI factory), `runner` (uvicorn, foreground or
+background thread), `cli`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ variable), admission (503 + Retry-After when the app is overloaded), the app's r
 naming the step that failed). The whole request runs within `request_timeout_s` (504).
 A client that disconnects, whenever it does (body, queue, run, stream), ends its work:
 it is counted in /metrics and logged at debug level, once. /health needs no key; /metrics
-needs it unless `public_metrics`.
+needs it unless `public_metrics`. When every app's queue is full, or the server is far
+behind, a completion request is refused (503) before any of this (`shedding`).
 """
 
 from __future__ import annotations
