@@ -14,7 +14,6 @@ from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
-from teola_core.ops import decode_chunk
 
 PREFILLS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
 DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
@@ -38,8 +37,9 @@ def decode_outputs(node: Node, text: str) -> dict[str, Any]:
         if node.output_port("items") is not None:
             outputs["items"] = node.config["split_unit"].parse(text)
         return outputs
-    items = decode_chunk(node.config["split_unit"].parse(text), node.config["index"], node.config["count"])
-    outputs = {"items": items}
+    if node.part is None:
+        raise ValueError(f"{node.describe()} is a partial decode without its DecodePart")
+    outputs = {"items": node.part.chunk(node.config["split_unit"].parse(text))}
     if node.output_port("text") is not None:
         outputs["text"] = text
     return outputs

@@ -93,10 +93,26 @@ def add_bench_command(commands: Any) -> None:
         default="dynamic",
         help="--langchain/--llamaindex: how the embedding/rerank servers batch concurrent requests",
     )
+    p.add_argument(
+        "--serve-overload",
+        action="store_true",
+        help="teola serve (a 50 ms model app) at twice its measured capacity for 20 s, 3 s client deadline "
+        "(see teola_benchmarks.overload); exit status 1 if a target is missed",
+    )
+    p.add_argument(
+        "--soak-minutes",
+        type=float,
+        default=0.0,
+        help="with --serve-overload: a soak at 1.5x capacity for this many minutes instead (not for CI)",
+    )
     p.set_defaults(handler=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.serve_overload:  # needs the serve extra and aiohttp: imported only here
+        from teola_benchmarks.overload.report import run_from_args
+
+        return run_from_args(args)
     if sum(map(bool, (args.langchain, args.llamaindex, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex and --agents are exclusive")
     if args.seeds and (args.langchain or args.llamaindex or args.agents or args.overhead):

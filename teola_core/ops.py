@@ -14,7 +14,7 @@ from typing import Any
 
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PrimitiveKind
-from teola_core.ir.node import Node
+from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.types import Scored
 
 
@@ -101,12 +101,5 @@ async def _invoke(node: Node, fn: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 def decode_chunk(items: list[Any], index: int, count: int) -> list[Any]:
-    """The items partial decode `index` of `count` hands on.
-
-    Each stage but the last takes one item; the last takes all the rest (possibly none or
-    several), so the stages' chunks concatenate to exactly the parsed list whatever the
-    model actually produced.
-    """
-    if index < count - 1:
-        return items[index : index + 1]
-    return items[count - 1 :]
+    """The items partial decode `index` of `count` hands on (see `DecodePart.chunk`)."""
+    return DecodePart("", index, count).chunk(items)

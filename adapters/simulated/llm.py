@@ -397,7 +397,7 @@ class SimLLM(Engine, KVRetention, KVPool):
     Ports: PREFILL `prompt` -> `kv`; PARTIAL_PREFILL `prefix` -> `kv`; FULL_PREFILL
     `prompt`, `prefix_kv` -> `kv`; DECODE `kv` -> `text` (+ `items`, parsed by the node's
     `split_unit`, when it declares that port); PARTIAL_DECODE `kv` -> its chunk of the
-    parsed `items` (`decode_chunk` by the node's `index`/`count`, + `text` if declared).
+    parsed `items` (by the node's `part`, a `DecodePart`; + `text` if declared).
     Prompts are `str`. The decode length is the node's `max_tokens` config (default
     `default_max_tokens`) capped by what the responder writes; a prefill's queue priority
     is its node's `priority` config (default 0, lower first).

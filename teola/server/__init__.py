@@ -1,4 +1,4 @@
-"""`teola serve`: LangChain apps (LlamaIndex later) behind an OpenAI-compatible HTTP API.
+"""`teola serve`: LangChain and LlamaIndex apps behind an OpenAI-compatible HTTP API.
 
     teola serve myapp:chain qa=myapp:rag_chain --port 8000 --api-key secret
 
@@ -11,9 +11,11 @@ variable, and as a JSON object (validated against the app's input schema; errors
 the field) for an app taking several. See `inputs`.
 
 Modules: `apps` (loading, the `App` seam), `schemas` (request/response models),
-`inputs`/`responses` (mapping), `routes`, `calls` (disconnect = cancel), `streaming`
-(SSE), `metrics` (Prometheus), `errors` (OpenAI error format), `app` (FastAPI factory),
-`runner` (uvicorn, foreground or background thread), `cli`.
+`inputs`/`responses` (mapping), `routes`, `admission` (overload: bounded work, a bounded
+wait, 503), `shedding` and `lag` (refusing before routing), `calls` (disconnect =
+cancel), `streaming` (SSE), `metrics` (Prometheus), `errors` (OpenAI error format),
+`options` (`ServeOptions`), `app` (FastAPI factory), `runner` (uvicorn, foreground or
+background thread), `cli`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _EXPORTS = {
     "load_apps": "teola.server.apps",
     "wrap_app": "teola.server.apps",
     "create_app": "teola.server.app",
+    "ServeOptions": "teola.server.options",
     "BackgroundServer": "teola.server.runner",
     "serve": "teola.server.runner",
 }

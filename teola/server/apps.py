@@ -4,7 +4,8 @@ The routes only know the `App` protocol: a name, an input schema (to map a reque
 the app's input), `ainvoke`/`astream`, and `attach`/`close` so the server can observe the
 app's runtime on its own event loop. `LangChainApp` implements it for LangChain runnables
 and `LlamaIndexApp` for LlamaIndex pipelines and query engines (each wrapped with
-`teola.optimize` unless already optimized); `wrap_app` picks by type.
+`teola.optimize` unless already optimized); `wrap_app` picks by type. A LangChain app's
+failure names the step that raised it, as LangChain's own callbacks report it (`AppFailed`).
 
 Specs on the command line: `module:attr` (served as `attr`) or `name=module:attr`;
 `attr` may be dotted (`module:holder.chain`).
@@ -23,6 +24,7 @@ from pydantic import BaseModel, create_model
 
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.local import LocalRuntime
+from teola_core.runtime.timeouts import Timeouts
 
 
 @runtime_checkable
@@ -49,6 +51,15 @@ class App(Protocol):
 
     async def close(self) -> None:
         """Release what the app holds for the server's loop."""
+
+
+class AppFailed(Exception):
+    """The app raised `error`; `step` names the step that raised it, when the framework says."""
+
+    def __init__(self, error: BaseException, step: str | None) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.step = step
 
 
 class _OptimizedApp:
@@ -78,6 +89,20 @@ class _OptimizedApp:
             depths[engine] = (scheduler.pending, len(scheduler.running))
         return depths
 
+    def capacity(self) -> int | None:
+        """The most calls the app's busiest engine can have in flight (concurrency x max
+        batch): the default bound on its concurrent queries. None: unknown (no engines)."""
+        runtime = self._runtime
+        if not isinstance(runtime, LocalRuntime) or not self.optimized.engine_names:
+            return None
+        schedulers = [runtime.scheduler(e) for e in self.optimized.engine_names]
+        return max(s.concurrency * (s.max_batch_items or 1) for s in schedulers)
+
+    def use_timeouts(self, timeouts: Timeouts) -> None:
+        """Deadlines for the steps of every request on the server's loop (`--timeout`)."""
+        if isinstance(self._runtime, LocalRuntime):
+            self._runtime.timeouts = timeouts
+
     async def close(self) -> None:
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
@@ -105,11 +130,19 @@ class LangChainApp(_OptimizedApp):
         return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
 
     async def ainvoke(self, value: Any) -> Any:
-        return await self.runnable.ainvoke(value)
+        steps = failed_step_tracker()
+        try:
+            return await self.runnable.ainvoke(value, config={"callbacks": [steps]})
+        except Exception as exc:
+            raise AppFailed(exc, steps.failed) from exc
 
     async def astream(self, value: Any) -> AsyncIterator[Any]:
-        async for chunk in self.runnable.astream(value):
-            yield chunk
+        steps = failed_step_tracker()
+        try:
+            async for chunk in self.runnable.astream(value, config={"callbacks": [steps]}):
+                yield chunk
+        except Exception as exc:
+            raise AppFailed(exc, steps.failed) from exc
 
 
 class LlamaIndexApp(_OptimizedApp):
@@ -146,6 +179,10 @@ class LlamaIndexApp(_OptimizedApp):
         yield await self.ainvoke(value)
 
 
+class AppSpecError(ValueError):
+    """An app spec that cannot be served; the message says what is wrong and what to do."""
+
+
 @dataclass(frozen=True)
 class AppSpec:
     """`name=module:attr` parsed."""
@@ -161,7 +198,9 @@ class AppSpec:
             name, target = "", spec
         module, colon, attr = target.partition(":")
         if not colon or not module or not attr:
-            raise ValueError(f"app spec {spec!r}: expected module:attr or name=module:attr")
+            raise AppSpecError(
+                f"app spec {spec!r}: expected module:attr or name=module:attr (e.g. myapp:chain, qa=pkg.rag:chain)"
+            )
         return cls(name or attr.rsplit(".", 1)[-1], module, attr)
 
 
@@ -181,14 +220,14 @@ def wrap_app(name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, A
     try:
         from langchain_core.runnables import Runnable
     except ModuleNotFoundError as exc:
-        raise TypeError(
+        raise AppSpecError(
             f"app {name!r} is a {type(obj).__name__}; serving LangChain apps needs pip install 'teola[langchain]'"
         ) from exc
     if isinstance(obj, Runnable):
         return LangChainApp(name, obj, backend=backend, ray=ray)
-    raise TypeError(
-        f"app {name!r} is a {type(obj).__name__}: expected a LangChain Runnable or an object with the "
-        "teola.server.apps.App interface"
+    raise AppSpecError(
+        f"app {name!r} is a {type(obj).__name__}: expected a LangChain Runnable, a LlamaIndex query engine or "
+        "pipeline, or an object with the teola.server.apps.App interface"
     )
 
 
@@ -199,24 +238,101 @@ def load_apps(
     search_path: str | None = None,
     ray: Mapping[str, Any] | None = None,
 ) -> list[App]:
-    """Import every `name=module:attr` and wrap it; names must be unique."""
+    """Import every `name=module:attr` and wrap it; names must be unique. Every problem is
+    an `AppSpecError` naming the spec, with a hint."""
     if search_path is not None and search_path not in sys.path:
         sys.path.insert(0, search_path)
     apps: list[App] = []
     for raw in specs:
         spec = AppSpec.parse(raw)
-        obj: Any = importlib.import_module(spec.module)
-        for part in spec.attr.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError as exc:
-                raise ValueError(f"app spec {raw!r}: module {spec.module!r} has no attribute {spec.attr!r}") from exc
+        obj: Any = _import(spec, raw)
+        for depth, part in enumerate(spec.attr.split(".")):
+            if not hasattr(obj, part):
+                where = spec.module + "".join(f".{p}" for p in spec.attr.split(".")[:depth])
+                public = sorted(n for n in dir(obj) if not n.startswith("_"))
+                shown = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
+                raise AppSpecError(
+                    f"app spec {raw!r}: {where} has no attribute {part!r} (it has: {shown or 'nothing'})"
+                )
+            obj = getattr(obj, part)
         if any(a.name == spec.name for a in apps):
-            raise ValueError(f"two apps are named {spec.name!r}; name one explicitly: other_name={spec.module}:...")
+            raise AppSpecError(
+                f"app spec {raw!r}: two apps are named {spec.name!r}; name one explicitly: other_name={spec.module}:..."
+            )
         apps.append(wrap_app(spec.name, obj, backend=backend, ray=ray))
     return apps
+
+
+def _import(spec: AppSpec, raw: str) -> Any:
+    try:
+        return importlib.import_module(spec.module)
+    except ModuleNotFoundError as exc:
+        top = spec.module.split(".")[0]
+        if exc.name is not None and (spec.module == exc.name or spec.module.startswith(f"{exc.name}.")):
+            raise AppSpecError(
+                f"app spec {raw!r}: no module named {exc.name!r} (hint: run teola serve in the folder that holds "
+                f"{top}.py or the {top}/ package, or install it)"
+            ) from None
+        raise AppSpecError(
+            f"app spec {raw!r}: importing {spec.module!r} failed: it needs the module {exc.name!r} "
+            f"(hint: pip install it; python -c 'import {spec.module}' shows where)"
+        ) from None
+    except Exception as exc:
+        raise AppSpecError(
+            f"app spec {raw!r}: importing {spec.module!r} failed: {type(exc).__name__}: {exc} "
+            f"(hint: python -c 'import {spec.module}' shows the traceback)"
+        ) from None
 
 
 def cwd_path() -> str:
     """Where `teola serve` imports apps from first (like `uvicorn`): the working directory."""
     return str(Path.cwd())
+
+
+def failed_step_tracker() -> Any:
+    """A LangChain callback handler whose `failed` is the name of the innermost run that
+    raised (the step that failed), as LangChain's callbacks report it."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class FailedStep(BaseCallbackHandler):
+        run_inline = True  # bookkeeping only: no thread hop
+
+        def __init__(self) -> None:
+            self.names: dict[Any, str] = {}
+            self.failed: str | None = None
+
+        def _start(self, serialized: Any, run_id: Any, name: str | None) -> None:
+            self.names[run_id] = name or (serialized or {}).get("name") or "?"
+
+        def _error(self, run_id: Any) -> None:
+            if self.failed is None:  # children fail before their parents: the first is the step
+                self.failed = self.names.get(run_id)
+
+        def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any, **kw: Any) -> None:
+            self._start(serialized, run_id, kw.get("name"))
+
+        def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: Any, **kw: Any) -> None:
+            self._start(serialized, run_id, kw.get("name"))
+
+        def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: Any, **kw: Any) -> None:
+            self._start(serialized, run_id, kw.get("name"))
+
+        def on_retriever_start(self, serialized: Any, query: Any, *, run_id: Any, **kw: Any) -> None:
+            self._start(serialized, run_id, kw.get("name"))
+
+        def on_tool_start(self, serialized: Any, input_str: Any, *, run_id: Any, **kw: Any) -> None:
+            self._start(serialized, run_id, kw.get("name"))
+
+        def on_chain_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
+            self._error(run_id)
+
+        def on_llm_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
+            self._error(run_id)
+
+        def on_retriever_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
+            self._error(run_id)
+
+        def on_tool_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
+            self._error(run_id)
+
+    return FailedStep()

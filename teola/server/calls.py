@@ -1,43 +1,59 @@
-"""Running one query for a request, cancelled when its client goes away.
+"""Running one request's work, cancelled when its client goes away.
 
-A request's query runs in its own task, raced against the client's `http.disconnect`
-(the ASGI `receive` channel: an event, not a poll). If the client leaves first, the
-query task is cancelled, which cancels the query in the runtime (its pending nodes leave
-the engine queues; batches only it needed are cancelled) and the other requests go on.
+After the body is read, one task per request listens on the ASGI `receive` channel for
+`http.disconnect` (an event, not a poll). Work raced against it (the wait for an
+admission slot, the query) is cancelled if the client leaves first, which cancels the
+query in the runtime (its pending nodes leave the engine queues; batches only it needed
+are cancelled) while the other requests go on. A disconnect while the body is still being
+read ends the request the same way (`ClientGone("body")`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from starlette.requests import Request
 
 T = TypeVar("T")
+Phase = Literal["body", "queued", "running", "streaming"]
 
 
 class ClientGone(Exception):
-    """The client disconnected before its answer was ready; its query was cancelled."""
+    """The client disconnected before its answer was complete; its work was cancelled."""
+
+    def __init__(self, phase: Phase) -> None:
+        super().__init__(f"client disconnected ({phase})")
+        self.phase = phase
 
 
-async def wait_disconnect(request: Request) -> None:
-    """Return when the client disconnects (the body has already been read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass  # a late body message of an already-read request: keep listening
+class ClientWatch:
+    """`gone` is set when the request's client disconnects (the body has been read)."""
 
+    def __init__(self, request: Request) -> None:
+        self.gone = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._watch(request))
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """`await work`, unless the client disconnects first: then cancel it, raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})  # let the query unwind before the request ends
-    if task.cancelled() and watch.done() and not watch.cancelled():
-        raise ClientGone()
-    return task.result()
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass  # a late body message of an already-read request: keep listening
+        self.gone.set()
+
+    async def race(self, work: Awaitable[T], phase: Phase) -> T:
+        """`await work`, unless the client disconnects first: then cancel it, raise ClientGone."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(self.gone.wait())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # let the work unwind before the request ends
+        if task.cancelled() and self.gone.is_set():
+            raise ClientGone(phase)
+        return task.result()
+
+    def close(self) -> None:
+        self._task.cancel()

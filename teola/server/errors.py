@@ -3,6 +3,8 @@
 Every failure a route can meet is an `APIError`; one exception handler turns it into
 the JSON response, so the official clients raise their matching exception classes
 (`BadRequestError`, `AuthenticationError`, `NotFoundError`, `InternalServerError`).
+Overload is a 503 with `Retry-After` (the clients wait that long and retry); a request
+past its deadline is a 504.
 """
 
 from __future__ import annotations
@@ -17,13 +19,22 @@ from teola.server.schemas import ErrorResponse
 class APIError(Exception):
     """A request failure with its HTTP status and OpenAI error type."""
 
-    def __init__(self, status: int, message: str, type: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, object]:
         return ErrorResponse.of(self.message, self.type, self.param, self.code)
@@ -63,16 +74,44 @@ def from_validation(error: ValidationError) -> APIError:
     return bad_request("; ".join(problems), param=param)
 
 
-def app_failure(model: str, exc: Exception) -> APIError:
-    """A 500 naming the app, the exception and the primitive/step Teola says raised it."""
+def app_failure(model: str, exc: BaseException, step: str | None = None) -> APIError:
+    """A 500 naming the app, the exception and the step that raised it (`step`, as the
+    framework's callbacks saw it, and the primitive Teola notes on the exception)."""
     notes = [n for n in getattr(exc, "__notes__", []) if isinstance(n, str)]
-    where = f" ({'; '.join(notes)})" if notes else ""
-    return APIError(500, f"app {model!r} failed: {type(exc).__name__}: {exc}{where}", "server_error", code="app_error")
+    where = [f"in step {step!r}"] if step else []
+    detail = f" ({'; '.join(where + notes)})" if where or notes else ""
+    return APIError(500, f"app {model!r} failed: {type(exc).__name__}: {exc}{detail}", "server_error", code="app_error")
+
+
+def overloaded(model: str, why: str, retry_after_s: int) -> APIError:
+    """A 503 the OpenAI clients retry after `Retry-After` seconds."""
+    return APIError(
+        503,
+        f"model {model!r} is overloaded ({why}); retry in {retry_after_s} s",
+        "server_error",
+        code="overloaded",
+        headers={"Retry-After": str(retry_after_s), "retry-after-ms": str(retry_after_s * 1000)},
+    )
+
+
+def past_deadline(model: str, timeout_s: float) -> APIError:
+    return APIError(
+        504,
+        f"the request to model {model!r} ran past the server's request timeout ({timeout_s:g} s); its query was "
+        "cancelled (teola serve --request-timeout)",
+        "server_error",
+        code="request_timeout",
+    )
+
+
+def unsupported_media(content_type: str) -> APIError:
+    shown = content_type or "none"
+    return APIError(415, f"Content-Type must be application/json, got {shown}", "invalid_request_error")
 
 
 async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI exception handler for `APIError`."""
     if not isinstance(exc, APIError):
         raise exc
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else exc.headers
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)

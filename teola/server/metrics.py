@@ -14,21 +14,28 @@ Read at scrape time from the engine schedulers:
     teola_engine_queue_depth{app,engine}           nodes waiting for a batch
     teola_engine_running_batches{app,engine}       batches in flight
 
-From the routes: `teola_requests_total{model,endpoint,status}`,
-`teola_request_latency_seconds{model,endpoint}`, `teola_requests_in_progress{model}`;
-and the process collector (`process_resident_memory_bytes`, ...).
+From the routes: `teola_requests_total{model,endpoint,status}` (503: shed, 504: past the
+request deadline, 499: the client left), `teola_request_latency_seconds{model,endpoint}`,
+`teola_requests_in_progress{model}`, `teola_requests_shed_total{model,reason}`,
+`teola_client_disconnects_total{model,phase}` (phase: body, queued, running, streaming;
+model "" when the body was not read yet); per app, read at scrape time from its admission
+gate: `teola_admission_running{model}`, `teola_admission_waiting{model}`,
+`teola_admission_limit{model}`; `teola_event_loop_lag_seconds`; and the process collector
+(`process_resident_memory_bytes`, ...).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from teola.server.admission import Gate
 from teola.server.apps import App
+from teola.server.lag import LoopLag
 from teola_core.runtime.base import PrimitiveSpan
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -55,10 +62,13 @@ class SpanRecorder:
 
 
 class _QueueCollector(Collector):
-    """Queue depth and running batches, read from the apps' engine schedulers per scrape."""
+    """Queue depth and running batches, read from the apps' engine schedulers per scrape;
+    admission state, read from the apps' gates."""
 
-    def __init__(self, apps: Sequence[App]) -> None:
+    def __init__(self, apps: Sequence[App], gates: Mapping[str, Gate], lag: LoopLag) -> None:
         self._apps = apps
+        self._gates = gates
+        self._lag = lag
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         depth = GaugeMetricFamily("teola_engine_queue_depth", "Nodes waiting for a batch", labels=["app", "engine"])
@@ -69,6 +79,21 @@ class _QueueCollector(Collector):
                 running.add_metric([app.name, engine], batches)
         yield depth
         yield running
+        gauges = {
+            "running": GaugeMetricFamily("teola_admission_running", "Queries admitted and running", labels=["model"]),
+            "waiting": GaugeMetricFamily("teola_admission_waiting", "Requests waiting for a slot", labels=["model"]),
+            "limit": GaugeMetricFamily("teola_admission_limit", "Queries that may run at once now", labels=["model"]),
+            "max": GaugeMetricFamily("teola_admission_max", "The most that ever may run at once", labels=["model"]),
+        }
+        for name, gate in self._gates.items():
+            gauges["running"].add_metric([name], gate.running)
+            gauges["waiting"].add_metric([name], gate.waiting)
+            gauges["limit"].add_metric([name], gate.admission.limit)
+            gauges["max"].add_metric([name], gate.admission.max_limit)
+        yield from gauges.values()
+        behind = GaugeMetricFamily("teola_event_loop_lag_seconds", "How far behind the server's event loop runs")
+        behind.add_metric([], self._lag.behind())
+        yield behind
 
 
 class ServerMetrics:
@@ -76,7 +101,7 @@ class ServerMetrics:
 
     content_type = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(self, apps: Sequence[App]) -> None:
+    def __init__(self, apps: Sequence[App], gates: Mapping[str, Gate], lag: LoopLag) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         latency = partial(Histogram, registry=r, buckets=_LATENCY_BUCKETS)
@@ -89,7 +114,11 @@ class ServerMetrics:
         self.requests = Counter("teola_requests", "Requests", ["model", "endpoint", "status"], registry=r)
         self.request_latency = latency("teola_request_latency_seconds", "Request latency", ["model", "endpoint"])
         self.in_progress = Gauge("teola_requests_in_progress", "Requests running", ["model"], registry=r)
-        r.register(_QueueCollector(apps))
+        self.shed = Counter("teola_requests_shed", "Requests shed under overload", ["model", "reason"], registry=r)
+        self.disconnects = Counter(
+            "teola_client_disconnects", "Clients that left before their answer", ["model", "phase"], registry=r
+        )
+        r.register(_QueueCollector(apps, gates, lag))
         ProcessCollector(registry=r)
 
     def hook(self, app: str) -> SpanRecorder:

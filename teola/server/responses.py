@@ -61,3 +61,39 @@ def add_chunks(final: Any, chunk: Any, started: bool) -> Any:
         return final + chunk
     except TypeError:
         return chunk
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The text before the first stop string (OpenAI's `stop`, not included), and whether one was met."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+class StopCutter:
+    """`stop` on a stream: hands text on as it comes, holding back only what could be the
+    start of a stop string, and nothing after the first stop string.
+
+        cut = StopCutter(["END"])
+        cut.feed("abcE") + cut.feed("ND more") + cut.close()   # "abc"
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.stopped = False
+        self._held = ""
+        self._keep = max((len(s) for s in stops), default=1) - 1
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        text, self.stopped = cut_at_stop(self._held + piece, self.stops)
+        if self.stopped:
+            self._held = ""
+            return text
+        split = max(0, len(text) - self._keep)
+        text, self._held = text[:split], text[split:]
+        return text
+
+    def close(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

@@ -6,16 +6,20 @@ Readiness is an event set when uvicorn has started listening, never a sleep or a
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import socket
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
-from teola.server.app import DEFAULT_MAX_BODY_BYTES, create_app
+from teola.server.app import create_app
 from teola.server.apps import App, cwd_path, load_apps
+from teola.server.options import ServeOptions
 
 
 class _Server(uvicorn.Server):
@@ -89,18 +93,21 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    api_key: str | None = None,
     backend: str = "local",
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
+    backlog: int = 2048,
+    options: ServeOptions | None = None,
     ray_address: str | None = None,
+    **changes: Any,
 ) -> None:
     """Serve apps (specs `name=module:attr`, `App`s, or a {name: runnable} dict) until stopped.
 
+    `options` (a `ServeOptions`) or single fields of it as keywords (`api_key="..."`).
     ray_address: the Ray cluster of `backend="ray"` (default: `RAY_ADDRESS`, else a local one).
     """
     from teola.server.apps import wrap_app
 
+    options = replace(options or ServeOptions(), **changes)
     ray = None if ray_address is None else {"address": ray_address}
     if isinstance(apps, dict):
         loaded = [wrap_app(name, obj, backend=backend, ray=ray) for name, obj in apps.items()]
@@ -108,5 +115,35 @@ def serve(
         specs = [a for a in apps if isinstance(a, str)]
         by_spec = iter(load_apps(specs, backend=backend, search_path=cwd_path(), ray=ray))
         loaded = [next(by_spec) if isinstance(a, str) else a for a in apps]
-    app = create_app(loaded, api_key=api_key, max_body_bytes=max_body_bytes)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")).run()
+    app = create_app(loaded, options)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", backlog=backlog)
+    warning = exposure_warning(host, options.api_key)
+    if warning:  # uvicorn's logging is configured now: the warning shows where its lines do
+        logging.getLogger("uvicorn.error").warning(warning)
+    uvicorn.Server(config).run()
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A loud warning when the server listens beyond this machine with no API key."""
+    if api_key is not None or is_loopback(host):
+        return None
+    return (
+        f"\n{'!' * 78}\n"
+        f"  teola serve listens on {host!r}, beyond this machine, and NO API KEY is set:\n"
+        "  anyone who can reach this port can run your apps (and spend what they spend).\n"
+        "  Set one with --api-key or $TEOLA_API_KEY, or listen on 127.0.0.1 only.\n"
+        f"{'!' * 78}"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback address."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)

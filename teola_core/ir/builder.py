@@ -27,7 +27,7 @@ from typing import Any
 from teola_core.ir.errors import GraphError
 from teola_core.ir.graph import Graph, GraphEditor
 from teola_core.ir.kinds import Capabilities, MergeMode, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import ControlEdge, DataEdge, ItemSlice, Node
+from teola_core.ir.node import ControlEdge, DataEdge, DecodePart, ItemSlice, Node
 from teola_core.ir.prompt import PromptTemplate
 from teola_core.ir.split_units import SplitUnit
 from teola_core.ir.types import PortType
@@ -76,6 +76,7 @@ class GraphBuilder:
         name: str | None = None,
         label: str | None = None,
         caps: Capabilities | None = None,
+        part: DecodePart | None = None,
     ) -> Node:
         spec = spec_of(kind)
         in_ports = tuple(input_ports) if input_ports is not None else spec.inputs
@@ -97,6 +98,7 @@ class GraphBuilder:
             items=items,
             module=self._module,
             label=label or self._module,
+            part=part,
         )
         self._editor.add_node(node)
         for port, value in inputs.items():

@@ -21,6 +21,38 @@ def _freeze(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(config))
 
 
+@dataclass(frozen=True)
+class DecodePart:
+    """Partial decode `index` of `count` over the one stream of decode `group`.
+
+    Each part but the last hands on one parsed item; the last hands on every remaining
+    item (possibly none or several), so the parts' chunks concatenate to exactly the
+    parsed list whatever the model actually wrote.
+
+        DecodePart("expand.decode", 0, 3).chunk(["a", "b", "c", "d"])  # ["a"]
+        DecodePart("expand.decode", 2, 3).chunk(["a", "b", "c", "d"])  # ["c", "d"]
+    """
+
+    group: str
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"decode part {self.index} of {self.count} (group {self.group!r}) is out of range")
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+    def ready(self, parsed: int) -> bool:
+        """Whether this part's chunk is final once `parsed` items exist (the stream still running)."""
+        return not self.last and parsed > self.index
+
+    def chunk(self, items: list[Any]) -> list[Any]:
+        return items[self.index :] if self.last else items[self.index : self.index + 1]
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
     """One primitive of a graph.
@@ -28,6 +60,7 @@ class Node:
     items: how many items the node's item ports carry, when known at build time (the
     number of documents to embed, of queries to search). Stage decomposition reads it.
     label: a human-readable origin (a module or a framework step) used in errors.
+    part: which part of its decode's stream a PARTIAL_DECODE is (decode pipelining).
     """
 
     id: str
@@ -40,6 +73,7 @@ class Node:
     items: int | None = None
     module: str | None = None
     label: str | None = None
+    part: DecodePart | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", _freeze(self.config))
@@ -70,6 +104,7 @@ class Node:
             and dict(self.config) == dict(other.config)
             and self.caps == other.caps
             and self.items == other.items
+            and self.part == other.part
         )
 
 

@@ -66,6 +66,9 @@ def validate(graph: Graph) -> Graph:
         needed = _REQUIRED_CONFIG.get(node.kind)
         if needed and needed not in node.config:
             raise GraphError(f"{where}: {node.kind.value} node {node_id!r} has no {needed!r} in its config")
+        if (node.kind == PrimitiveKind.PARTIAL_DECODE) != (node.part is not None):
+            has = "has a decode part" if node.part is not None else "has no decode part (DecodePart)"
+            raise GraphError(f"{where}: {node.kind.value} node {node_id!r} {has}")
         if node.kind == PrimitiveKind.FORMAT:
             template = node.config["template"]
             if node.config.get("prefix_segments") is not None:  # a prefix format (prefill split)

@@ -3,7 +3,7 @@
 An LLM call whose output is a list (a split unit declared on its decode) and that is
 expected to produce n >= 2 items becomes a group of n PARTIAL_DECODE nodes over one
 stream. Partial decode i hands on item i as soon as the parser has it; the last hands on
-every remaining item (see `teola_core.ops.decode_chunk`), so the chunks concatenate to
+every remaining item (see `teola_core.ir.node.DecodePart`), so the chunks concatenate to
 exactly the parsed list whatever the model produced. The item-wise consumers after the
 decode are replicated per partial decode (`replication.fan_out`, shared with stage
 decomposition) and joined by an AGGREGATE where the chain ends.
@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
-from teola_core.ir.node import ControlEdge, DataEdge, Node
+from teola_core.ir.node import ControlEdge, DataEdge, DecodePart, Node
 from teola_core.ir.types import PortType
 from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.replication import fan_out
@@ -68,10 +68,11 @@ class DecodePipelining(Pass):
                 inputs=decode.inputs,
                 outputs=tuple(outputs),
                 engine=decode.engine,
-                config={**decode.config, "group": decode.id, "index": i, "count": n},
+                config=decode.config,
                 caps=Capabilities(batchable=decode.caps.batchable),
                 module=decode.module,
                 label=decode.label,
+                part=DecodePart(decode.id, i, n),
             )
             editor.add_node(part)
             for e in kv_edges:

@@ -27,6 +27,7 @@ from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.reference import evaluate
+from teola_core.runtime.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from teola_core.runtime.ray import RayEngines
@@ -64,24 +65,28 @@ def make_runtime(
     policy: str = "topology",
     *,
     ray: RayOptions | Mapping[str, Any] | None = None,
+    timeouts: Timeouts | float | None = None,
 ) -> Runtime:
     """A fresh runtime of the named backend over `engines`.
 
     On "ray", `engines` may be a shared `RayEngines` placement (then `ray` must be None);
     otherwise the runtime places them itself as `ray` says, and `close()` kills its actors.
+    `timeouts`: the deadlines of engine batches and user steps (`Timeouts`; default 600 s).
     """
     _check_backend(backend, ray)
     if backend == "ray":
         from teola_core.runtime.ray import RayRuntime
 
-        return RayRuntime(engines, policy, ray=ray)
+        runtime = RayRuntime(engines, policy, ray=ray)
+        runtime.timeouts = Timeouts.of(timeouts)
+        return runtime
     if not isinstance(engines, EngineSet):
         raise TypeError(f"backend {backend!r} runs an EngineSet, not {type(engines).__name__}")
     if backend == "reference":
         return ReferenceRuntime(engines)
     from teola_core.runtime.local import LocalRuntime
 
-    return LocalRuntime(engines, policy=policy)
+    return LocalRuntime(engines, policy=policy, timeouts=Timeouts.of(timeouts))
 
 
 def _check_backend(backend: str, ray: object) -> None:
@@ -96,10 +101,12 @@ class RuntimePerLoop:
 
     Runtimes hold loop-bound futures and queues, so a drop-in object that is called from
     several loops (the caller's, its own sync thread's, a server's) keeps one each.
-    `hooks` are added to every runtime it creates. On the "ray" backend the engines are
-    placed once, here (`ray`: the `ray=` option, checked now), and every loop's runtime
-    shares those actors; `close()` (or garbage collection) kills them, and a later call
-    starts fresh ones (as a drop-in's sync thread restarts after `close()`).
+    `hooks` are added to every runtime it creates; `timeouts` (a `Timeouts`, or seconds for
+    engines and steps alike) set the deadlines of each: what `optimize(..., timeout=)` passes.
+    On the "ray" backend the engines are placed once, here (`ray`: the `ray=` option,
+    checked now), and every loop's runtime shares those actors; `close()` (or garbage
+    collection) kills them, and a later call starts fresh ones (as a drop-in's sync thread
+    restarts after `close()`).
     """
 
     def __init__(
@@ -110,12 +117,14 @@ class RuntimePerLoop:
         hooks: Sequence[Any] = (),
         *,
         ray: RayOptions | Mapping[str, Any] | None = None,
+        timeouts: Timeouts | float | None = None,
     ) -> None:
         _check_backend(backend, ray)
         self.engines = engines
         self.backend = backend
         self.policy = policy
         self.hooks = tuple(hooks)
+        self.timeouts = Timeouts.of(timeouts)
         self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._ray = ray
@@ -139,7 +148,9 @@ class RuntimePerLoop:
                 self._place()
             runtime = self._runtimes.get(loop)
             if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(self.placed or self.engines, self.backend, self.policy)
+                runtime = self._runtimes[loop] = make_runtime(
+                    self.placed or self.engines, self.backend, self.policy, timeouts=self.timeouts
+                )
                 for hook in self.hooks:
                     runtime.add_hook(hook)
             return runtime

@@ -7,8 +7,9 @@ batches, feeds results back as events, and resolves each query's future. Observe
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +32,18 @@ class PrimitiveSpan:
 
 class RuntimeHook(Protocol):
     def on_span(self, span: PrimitiveSpan) -> None: ...
+
+
+def notify(hooks: Sequence[RuntimeHook], span: PrimitiveSpan) -> None:
+    """Hand a span to every hook; a failing hook is reported where asyncio reports errors
+    (it never stops the query)."""
+    for hook in hooks:
+        try:
+            hook.on_span(span)
+        except Exception as exc:
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"runtime hook {hook!r} failed on a span of {span.node.describe()}", "exception": exc}
+            )
 
 
 class Runtime(ABC):

@@ -1,73 +1,45 @@
-"""The local runtime: asyncio, in-process, the default backend.
+"""The local runtime: asyncio, in-process, the default backend. It does the I/O for three
+pure state machines (`teola_core.scheduler`): the graph scheduler, one engine scheduler
+per engine (batches, slots) and the stream groups (partial decodes); all it learns goes
+back to them as events. Nothing polls or sleeps.
 
-It drives the two scheduler state machines and does all the I/O; everything it learns
-comes back to them as events, and nothing polls or sleeps.
-
-    runtime = LocalRuntime(EngineSet().add(embedder).add(llm))
+    runtime = LocalRuntime(EngineSet().add(embedder).add(llm), timeouts=Timeouts(step_s=30))
     answer = await runtime.run(graph, {"question": "..."})   # many at once, from many tasks
     await runtime.close()
 
-The path of a query:
-
-    run()            QuerySubmitted ─► GraphScheduler ─► Dispatch(node, inputs, depth, arrival)
-    Dispatch         inline (format, aggregate) ─► `ops.run_inline` now ─► NodeFinished
-                     user (call, condition)     ─► task `ops.run_user`  ─► NodeFinished
-                     engine                     ─► NodeReady into the engine's inbox
-    flush            once per loop turn (`call_soon`, scheduled only when an inbox has
-                     events): each EngineScheduler gets its inbox at once ─► RunBatch
-    RunBatch         task `engine.run(calls)` (or `engine.stream(call)`), timeout applied
-                     ─► NodeFinished / NodeFailed per call, BatchFinished into the inbox
-    QueryDone/Failed the caller's future
-
-Deferring the engine inboxes to one flush per loop turn is what lets nodes that became
-ready in the same turn (many queries' first steps, a stage fan-out, results of batches
-that finished together) share a batch; it adds no timer and no waiting beyond the turn.
-
-Partial decode (decode pipelining): the first node of a group to be dispatched (the
-group's index-0 node in pipelined graphs) starts the stream: it is queued as a solo
-stream batch, holds an engine slot until the stream ends, and its deltas go through
-`node.config["split_unit"].parser()`. Every dispatched node of the group waits in the
-group's record and is completed, by the stream task itself, as soon as its chunk exists
-(`ops.decode_chunk`: node i once item i is parsed, i < count-1; the last node, and any
-node with a "text" port, at the end of the stream). A node dispatched after its chunk
-exists completes at once. So each node hands on exactly what the reference evaluator
-computes, and downstream work starts while the model still writes.
-
-Failures: an exception from a primitive fails its query only (`PrimitiveError` naming
-the node); an engine whose `run` raises fails every call of that batch; a batch longer
-than `EngineLimits.timeout_s` fails its calls with `TimeoutError`. An exception in the
-runtime's or the schedulers' own code fails the query it concerns with that exception,
-never leaves it hanging. Cancelling the task awaiting `run()` cancels the query: its
-pending nodes leave the engine queues, its user tasks and any batch that only it still
-needs are cancelled, and the other queries go on.
-
-Hooks receive one `PrimitiveSpan` per dispatched primitive (input and output nodes are
-bookkeeping done inside the graph scheduler and get none). Times come from the
-runtime's monotonic clock: ready = dispatched by the graph scheduler, started = its
-batch (or task) began, ended = its result came back.
+Engine events are handed to the engine schedulers once per loop turn (nodes that became
+ready together share a batch). A batch runs in a task whose done callback reports its
+end however it ended (even cancelled before its first step), so no slot ever leaks. A
+failed or cancelled query is told to every engine scheduler at once: batches only it
+needed are cancelled. A primitive's exception fails its query only; a failed batch gives
+each call its own copy (`failures`); a deadline names the step (`timeouts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import count
 from typing import Any
 
-from teola_core.engines.protocol import Call, Engine, EngineSet, StreamResult
+from teola_core.engines.protocol import EngineSet, StreamResult
 from teola_core.ir.errors import QueryCancelled
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
-from teola_core.ops import decode_chunk, run_inline, run_user
-from teola_core.runtime.base import PrimitiveSpan, Runtime, RuntimeHook
+from teola_core.ops import run_inline, run_user
+from teola_core.runtime.base import PrimitiveSpan, Runtime, RuntimeHook, notify
+from teola_core.runtime.failures import checked_results, own_copies
+from teola_core.runtime.timeouts import DeadlineExpired, Timeouts, step_timeout, within
+from teola_core.scheduler import streams as sg
 from teola_core.scheduler.engine_scheduler import EngineScheduler
 from teola_core.scheduler.events import (
     BatchFinished,
+    CancelBatch,
     CancelNodes,
     Dispatch,
     EngineEvent,
@@ -84,61 +56,18 @@ from teola_core.scheduler.events import (
     RunBatch,
 )
 from teola_core.scheduler.graph_scheduler import GraphScheduler
-from teola_core.scheduler.policies import make_policy
 
 _PLACEMENT = {kind: spec_of(kind).placement for kind in PrimitiveKind}
 
-# Profile curves whose x is items or sequences (the unit of a batch); prefill's is tokens.
-_BATCH_OPS = ("embed", "search", "rerank", "ingest", "decode")
 
-
-def default_max_batch(engine: Engine, tolerance: float = 0.1) -> int | None:
-    """An engine's max batch in items: its profile's max efficient batch for its main op,
-    else `EngineLimits.max_batch_items`, else None (unbounded); never above the limit."""
-    hard = engine.limits.max_batch_items
-    if engine.profile is not None:
-        kinds = {k.value for k in engine.kinds}
-        for op in _BATCH_OPS:
-            if op in engine.profile.curves and (not kinds or op in kinds):
-                efficient = engine.profile.max_efficient_batch(op, tolerance)
-                return efficient if hard is None else min(efficient, hard)
-    return hard
-
-
-class _Stream:
-    """A partial-decode group of one query: what the stream has produced so far."""
-
-    __slots__ = ("ended", "error", "items", "started_at", "text", "waiters")
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self.text = ""
-        self.ended = False
-        self.error: BaseException | None = None
-        self.started_at: float | None = None
-        self.waiters: list[Node] = []  # dispatched nodes of the group not yet completed
-
-
+@dataclass(slots=True, eq=False)
 class _QueryRun:
     """The runtime's side of one running query."""
 
-    __slots__ = ("batches", "context", "future", "ready_at", "streams", "tasks")
-
-    def __init__(self, future: asyncio.Future[dict[str, Any]], context: Any) -> None:
-        self.future = future
-        self.context = context  # handed to engines on each of the query's calls
-        self.ready_at: dict[str, float] = {}  # node id -> when dispatched
-        self.tasks: dict[str, asyncio.Task[None]] = {}  # user nodes running
-        self.streams: dict[str, _Stream] = {}  # partial-decode group -> its stream
-        self.batches: set[tuple[str, int]] = set()  # (engine, batch id) holding its calls
-
-
-class _BatchRun:
-    __slots__ = ("query_ids", "task")
-
-    def __init__(self, task: asyncio.Task[None], query_ids: frozenset[str]) -> None:
-        self.task = task
-        self.query_ids = query_ids
+    future: asyncio.Future[dict[str, Any]]
+    context: Any = None  # handed to engines on each of the query's calls (`Call.context`)
+    ready_at: dict[str, float] = field(default_factory=dict)  # node id -> when dispatched
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # user nodes running
 
 
 class LocalRuntime(Runtime):
@@ -146,10 +75,11 @@ class LocalRuntime(Runtime):
 
     engines: the engines by name. policy: "topology" (default), "fifo", "po" or "to"
     (see `teola_core.scheduler.policies`). max_batch: per-engine max batch in items,
-    overriding `default_max_batch` (None in the mapping: unbounded, still capped by the
-    engine's `max_batch_items`). depth_cost: weight of a node in the depth used for
-    topology-aware batching (default: 1 per node; e.g. profiled latency). to_max_batch:
-    the fixed max batch of the "to" policy. clock: a monotonic clock for events and spans.
+    overriding the profile's (None in the mapping: unbounded; always capped by the engine's
+    `max_batch_items`). depth_cost: weight of a node in the depth used for topology-aware
+    batching (default: 1 per node). to_max_batch: the fixed max batch of the "to" policy.
+    timeouts: deadlines of engine batches and user steps (`Timeouts`; may be replaced
+    later through the `timeouts` attribute). clock: a monotonic clock for events and spans.
     """
 
     def __init__(
@@ -160,6 +90,7 @@ class LocalRuntime(Runtime):
         max_batch: Mapping[str, int | None] | None = None,
         depth_cost: Callable[[Node], float] | None = None,
         to_max_batch: int | None = None,
+        timeouts: Timeouts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         overrides = dict(max_batch or {})
@@ -167,33 +98,27 @@ class LocalRuntime(Runtime):
         if unknown:
             raise ValueError(f"max_batch names unknown engine(s) {sorted(unknown)}")
         self._engines = engines
+        self.timeouts = timeouts or Timeouts()
         self._clock = clock
-        self._depth_cost = depth_cost
-        self._graph = GraphScheduler()
-        self._schedulers: dict[str, EngineScheduler] = {}
-        for name, engine in engines.engines.items():
-            limit = default_max_batch(engine)
-            if name in overrides:
-                limit = overrides[name]
-                hard = engine.limits.max_batch_items
-                limit = hard if limit is None else limit if hard is None else min(limit, hard)
-            self._schedulers[name] = EngineScheduler(
-                name,
-                policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
-                max_batch_items=limit,
-                concurrency=engine.limits.concurrency,
-                instances=engine.limits.instances,
+        self._graph = GraphScheduler(depth_cost)
+        self._streams = sg.StreamGroups()
+        self._schedulers = {
+            name: EngineScheduler.for_engine(
+                name, engine, policy=policy, to_max_batch=to_max_batch, max_batch=overrides
             )
+            for name, engine in engines.engines.items()
+        }
         self._queries: dict[str, _QueryRun] = {}
-        self._batches: dict[tuple[str, int], _BatchRun] = {}
+        self._batches: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._hooks: list[RuntimeHook] = []
-        self._depths: weakref.WeakKeyDictionary[Graph, dict[str, float]] = weakref.WeakKeyDictionary()
         self._ids = count()
         self._queue: deque[GraphEvent] = deque()
         self._draining = False
         self._inbox: dict[str, list[EngineEvent]] = {}
         self._flush_handle: asyncio.Handle | None = None
+        self._idle = asyncio.Event()  # no batch in flight, every batch's end heard
+        self._idle.set()
         self._closed = False
 
     # -- public ----------------------------------------------------------------------------
@@ -207,6 +132,15 @@ class LocalRuntime(Runtime):
     def scheduler(self, engine: str) -> EngineScheduler:
         """The engine scheduler of `engine` (for inspection)."""
         return self._schedulers[engine]
+
+    @property
+    def slots_held(self) -> int:
+        """Engine slots held by batches in flight, over all engines."""
+        return sum(len(s.running) for s in self._schedulers.values())
+
+    async def idle(self) -> None:
+        """Wait until no engine batch is in flight and every slot is back (`slots_held == 0`)."""
+        await self._idle.wait()
 
     async def run(
         self,
@@ -222,17 +156,14 @@ class LocalRuntime(Runtime):
         qid = query_id if query_id is not None else f"q{next(self._ids)}"
         if qid in self._queries:
             raise ValueError(f"query id {qid!r} is already running")
-        depths = self._depths_of(graph)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         run = self._queries[qid] = _QueryRun(future, context)
-        self._feed(
-            QuerySubmitted(query_id=qid, graph=graph, inputs=inputs, depths=depths, now=self._clock(), arrival=arrival)
-        )
+        self._feed(QuerySubmitted(query_id=qid, graph=graph, inputs=inputs, now=self._clock(), arrival=arrival))
         try:
             return await future
         except asyncio.CancelledError:
             if self._queries.get(qid) is run:
-                self._cancel(qid)
+                self._abort(qid, asyncio.CancelledError())
             raise
 
     async def close(self) -> None:
@@ -250,6 +181,7 @@ class LocalRuntime(Runtime):
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        self._flush()  # the batches' ends, reported by their done callbacks
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             raise errors[0]
@@ -287,48 +219,55 @@ class LocalRuntime(Runtime):
         elif isinstance(action, QueryFailed):
             self._finish(action.query_id, error=action.error)
         elif isinstance(action, CancelNodes):
-            run = self._queries.get(action.query_id)
-            if run is not None:
-                for node_id in action.node_ids:
-                    task = run.tasks.pop(node_id, None)
-                    if task is not None:
-                        task.cancel()
+            tasks = self._queries[action.query_id].tasks if action.query_id in self._queries else {}
+            for node_id in action.node_ids:
+                if node_id in tasks:
+                    tasks.pop(node_id).cancel()
         else:
             raise TypeError(f"unknown graph action {action!r}")
 
     def _dispatch(self, d: Dispatch) -> None:
         run = self._queries[d.query_id]
         node = d.node
-        now = self._clock()
-        run.ready_at[node.id] = now
+        now = run.ready_at[node.id] = self._clock()
         placement = _PLACEMENT[node.kind]
         if placement is Placement.INLINE:
             try:
-                outputs = run_inline(node, d.inputs)
+                outputs: Mapping[str, Any] | BaseException = run_inline(node, d.inputs)
             except Exception as exc:
-                self._span(d.query_id, run, node, now, now, error=exc)
-                self._queue.append(NodeFailed(query_id=d.query_id, node_id=node.id, error=exc, now=now))
-            else:
-                self._span(d.query_id, run, node, now, now)
-                self._queue.append(NodeFinished(query_id=d.query_id, node_id=node.id, outputs=outputs, now=now))
+                outputs = exc
+            self._done(d.query_id, node, now, now, outputs)
         elif placement is Placement.USER:
             self._spawn(self._run_user(d.query_id, run, node, d.inputs), run, node.id)
         elif node.engine not in self._schedulers:
             error = KeyError(f"no engine named {node.engine!r} (registered: {', '.join(sorted(self._schedulers))})")
             self._queue.append(NodeFailed(query_id=d.query_id, node_id=node.id, error=error, now=now))
         elif node.kind is PrimitiveKind.PARTIAL_DECODE:
-            group = node.config["group"]
-            stream = run.streams.get(group)
-            if stream is None:
-                stream = run.streams[group] = _Stream()
-                self._to_engine(node.engine, NodeReady.from_dispatch(d, now, stream=True))
-            stream.waiters.append(node)
-            self._queue.extend(self._stream_events(d.query_id, run, stream))
+            for action in self._streams.handle(sg.PartDispatched(query_id=d.query_id, node=node, now=now)):
+                if isinstance(action, sg.StartStream):
+                    self._to_engine(node.engine, NodeReady.from_dispatch(d, now, stream=True))
+                else:
+                    self._part_settled(action)
         else:
             self._to_engine(node.engine, NodeReady.from_dispatch(d, now))
 
+    def _done(
+        self, qid: str, node: Node, started: float, ended: float, result: Mapping[str, Any] | BaseException, n: int = 1
+    ) -> None:
+        """A dispatched node settled (`n`: the size of its batch): its span, and its event."""
+        run = self._queries.get(qid)
+        ready = run.ready_at.pop(node.id, started) if run is not None else started
+        error = result if isinstance(result, BaseException) else None
+        if self._hooks:
+            why = None if error is None else f"{type(error).__name__}: {error}"
+            notify(self._hooks, PrimitiveSpan(qid, node, ready, max(started, ready), ended, n, why))
+        if error is not None:
+            self._queue.append(NodeFailed(query_id=qid, node_id=node.id, error=error, now=ended))
+        else:
+            self._queue.append(NodeFinished(query_id=qid, node_id=node.id, outputs=result, now=ended))  # type: ignore[arg-type]
+
     def _finish(self, qid: str, *, result: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
-        """The query ended: resolve its future, drop its pending work, cancel what only it needs."""
+        """The query ended: resolve its future; if it failed, stop what it still has running."""
         run = self._queries.pop(qid, None)
         if run is None:
             return
@@ -337,27 +276,17 @@ class LocalRuntime(Runtime):
                 run.future.set_exception(error)
             else:
                 run.future.set_result(result if result is not None else {})
+        self._streams.handle(sg.QueryEnded(query_id=qid))
         if result is not None:
             return  # every node settled: nothing of it is queued or running
         for task in run.tasks.values():
             task.cancel()
-        for key in run.batches:
-            batch = self._batches.get(key)
-            if batch is not None and not any(q in self._queries for q in batch.query_ids):
-                batch.task.cancel()
         now = self._clock()
-        for name in self._schedulers:
-            self._to_engine(name, QueryCancelRequested(query_id=qid, now=now))
-
-    def _cancel(self, qid: str) -> None:
-        """The caller cancelled: the graph scheduler forgets the query, then clean up."""
-        try:
-            self._graph.handle(QueryCancelRequested(query_id=qid, now=self._clock()))
-        finally:
-            self._finish(qid, error=asyncio.CancelledError())
+        for name in self._schedulers:  # at once: a batch started this turn is cancelled this turn
+            self._engine_handle(name, QueryCancelRequested(query_id=qid, now=now))
 
     def _abort(self, qid: str, error: BaseException) -> None:
-        """Fail a query with `error` (an internal error, or the runtime closing)."""
+        """Fail a query with `error` (the caller cancelled, the runtime closes, or a bug)."""
         if qid not in self._queries:
             return
         if qid in self._graph:
@@ -367,173 +296,117 @@ class LocalRuntime(Runtime):
                 error.add_note(f"while failing query {qid}, the graph scheduler raised {exc!r}")
         self._finish(qid, error=error)
 
-    # -- engine events ---------------------------------------------------------------------
+    # -- engines ---------------------------------------------------------------------------
     def _to_engine(self, engine: str, event: EngineEvent) -> None:
         self._inbox.setdefault(engine, []).append(event)
         if self._flush_handle is None and not self._closed:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Hand each engine scheduler its inbox at once; start the batches it forms."""
+        """Hand each engine scheduler its inbox at once (nodes of ended queries left out)."""
         self._flush_handle = None
         inbox, self._inbox = self._inbox, {}
         for name, events in inbox.items():
-            try:
-                batches = self._schedulers[name].handle(*events)
-            except Exception as exc:  # a scheduler bug: fail the queries it concerned
-                for event in events:
-                    if isinstance(event, NodeReady):
-                        self._abort(event.query_id, exc)
-                continue
-            for batch in batches:
-                try:
-                    self._start(batch)
-                except Exception as exc:  # could not start it: fail its calls, free its slot
-                    for call in batch.calls:
-                        self._abort(call.query_id, exc)
-                    if (batch.engine, batch.batch_id) not in self._batches:  # else its task frees it
-                        self._batch_done(batch)
+            live = [e for e in events if not isinstance(e, NodeReady) or e.query_id in self._queries]
+            self._engine_handle(name, *live)
+        if not self._batches and self.slots_held == 0:
+            self._idle.set()
+
+    def _engine_handle(self, name: str, *events: EngineEvent) -> None:
+        try:
+            actions = self._schedulers[name].handle(*events)
+        except Exception as exc:  # a scheduler bug: fail the queries it concerned
+            for event in events:
+                if isinstance(event, NodeReady):
+                    self._abort(event.query_id, exc)
+            return
+        for action in actions:
+            if isinstance(action, CancelBatch):
+                task = self._batches.get((name, action.batch_id))
+                if task is not None:
+                    task.cancel()
+            elif self._closed:  # nothing starts any more: the slot is free at once
+                self._engine_handle(name, BatchFinished(batch_id=action.batch_id, now=self._clock()))
+            else:
+                self._start(action)
 
     def _start(self, batch: RunBatch) -> None:
         now = self._clock()
         batch = replace(batch, calls=tuple(replace(c, context=self._context_of(c.query_id)) for c in batch.calls))
-        query_ids = frozenset(c.query_id for c in batch.calls)
-        key = (batch.engine, batch.batch_id)
-        for call in batch.calls:
-            try:
-                self._graph.handle(NodeStarted(query_id=call.query_id, node_id=call.node.id, now=now))
-            except Exception as exc:
+        try:
+            for call in batch.calls:
+                self._feed(NodeStarted(query_id=call.query_id, node_id=call.node.id, now=now))
+            work = self._run_stream(batch, now) if batch.stream else self._run_batch(batch, now)
+            task = self._spawn(work)
+        except Exception as exc:  # could not start it: fail its calls, free its slot
+            for call in batch.calls:
                 self._abort(call.query_id, exc)
-        task = self._spawn(self._run_stream(batch, now) if batch.stream else self._run_batch(batch, now))
-        self._batches[key] = _BatchRun(task, query_ids)
-        for qid in query_ids:
-            run = self._queries.get(qid)
-            if run is not None:
-                run.batches.add(key)
+            self._to_engine(batch.engine, BatchFinished(batch_id=batch.batch_id, now=self._clock()))
+            return
+        self._batches[(batch.engine, batch.batch_id)] = task
+        self._idle.clear()
+        task.add_done_callback(partial(self._batch_ended, batch))
+
+    def _batch_ended(self, batch: RunBatch, task: asyncio.Task[None]) -> None:
+        """Done callback of every batch task: its slot is free, whatever ended it."""
+        self._batches.pop((batch.engine, batch.batch_id), None)
+        if not task.cancelled() and task.exception() is not None:  # the runtime's own code failed
+            for call in batch.calls:
+                self._abort(call.query_id, task.exception())  # type: ignore[arg-type]
+        self._to_engine(batch.engine, BatchFinished(batch_id=batch.batch_id, now=self._clock()))
 
     async def _run_batch(self, batch: RunBatch, started: float) -> None:
-        calls = batch.calls
+        calls, engine = batch.calls, self._engines[batch.engine]
+        timeout = self.timeouts.for_engine(engine.limits)
         try:
-            engine = self._engines[batch.engine]
-            try:
-                results: list[Any] = list(await self._with_timeout(engine, engine.run(calls), len(calls)))
-                if len(results) != len(calls):
-                    raise RuntimeError(
-                        f"engine {batch.engine!r} returned {len(results)} results for a batch of {len(calls)} calls"
-                    )
-            except Exception as exc:  # the whole batch failed: every call fails with it
-                results = [exc] * len(calls)
-            ended = self._clock()
-            events: list[GraphEvent] = []
-            for call, result in zip(calls, results, strict=True):
-                qid, node = call.query_id, call.node
-                if isinstance(result, BaseException):
-                    events.append(NodeFailed(query_id=qid, node_id=node.id, error=result, now=ended))
-                elif isinstance(result, Mapping):
-                    events.append(NodeFinished(query_id=qid, node_id=node.id, outputs=result, now=ended))
-                else:
-                    result = TypeError(f"engine {batch.engine!r} returned {type(result).__name__}, not a mapping")
-                    events.append(NodeFailed(query_id=qid, node_id=node.id, error=result, now=ended))
-                run = self._queries.get(qid)
-                if run is not None:
-                    error = result if isinstance(result, BaseException) else None
-                    self._span(qid, run, node, started, ended, batch_size=len(calls), error=error)
-            self._feed(*events)
-        except Exception as exc:  # the runtime's own code failed: fail the batch's queries
-            for call in calls:
-                self._abort(call.query_id, exc)
-        finally:
-            self._batch_done(batch)
+            results = checked_results(engine.name, len(calls), await within(engine.run(calls), timeout))
+        except DeadlineExpired as exc:  # each call fails naming its own step
+            own, n = engine.limits.timeout_s is not None, len(calls)
+            results = [step_timeout(c.node, timeout, exc, engine=engine.name, own_limit=own, batch=n) for c in calls]
+        except Exception as exc:  # the whole batch failed: each call fails with its own copy
+            results = own_copies(exc, len(calls))
+        ended = self._clock()
+        for call, result in zip(calls, results, strict=True):
+            if call.query_id in self._queries:  # else it ended meanwhile (another of its nodes failed)
+                self._done(call.query_id, call.node, started, ended, result, len(calls))
+        self._feed()
 
     async def _run_stream(self, batch: RunBatch, started: float) -> None:
         (call,) = batch.calls
         qid, node = call.query_id, call.node
-        run = self._queries.get(qid)
+        assert node.part is not None  # only a partial decode's group starts a stream
+        group = node.part.group
+        engine = self._engines[batch.engine]
+        timeout = self.timeouts.for_engine(engine.limits)
+        self._to_streams(sg.StreamOpened(query_id=qid, group=group, now=started))
+
+        async def consume() -> Any:
+            final = None
+            async for delta in engine.stream(call):
+                if isinstance(delta, StreamResult):
+                    final = delta.value
+                else:
+                    self._to_streams(sg.StreamDelta(query_id=qid, group=group, text=delta, now=self._clock()))
+            return final
+
         try:
-            if run is None:
-                return
-            stream = run.streams[node.config["group"]]
-            stream.started_at = started
-            engine = self._engines[batch.engine]
-            try:
-                await self._with_timeout(engine, self._consume(engine, call, stream, run), 1)
-            except Exception as exc:
-                stream.error = exc
-            else:
-                stream.ended = True
-            self._feed(*self._stream_events(qid, run, stream))
+            output = await within(consume(), timeout)
+        except DeadlineExpired as exc:
+            error = step_timeout(node, timeout, exc, engine=engine.name, own_limit=engine.limits.timeout_s is not None)
+            self._to_streams(sg.StreamFailed(query_id=qid, group=group, error=error, now=self._clock()))
         except Exception as exc:
-            self._abort(qid, exc)
-        finally:
-            self._batch_done(batch)
+            self._to_streams(sg.StreamFailed(query_id=qid, group=group, error=exc, now=self._clock()))
+        else:
+            self._to_streams(sg.StreamClosed(query_id=qid, group=group, now=self._clock(), output=output))
 
-    async def _consume(self, engine: Engine, call: Call, stream: _Stream, run: _QueryRun) -> None:
-        parser = call.node.config["split_unit"].parser()
-        deltas: list[str] = []
-        final: StreamResult | None = None
-        async for delta in engine.stream(call):
-            if isinstance(delta, StreamResult):
-                final = delta
-                continue
-            deltas.append(delta)
-            items = parser.feed(delta)
-            if items:
-                stream.items.extend(items)
-                if stream.waiters:
-                    self._feed(*self._stream_events(call.query_id, run, stream))
-        stream.items.extend(parser.close())
-        stream.text = "".join(deltas) if final is None else final.value  # the last node hands it on
+    def _to_streams(self, event: sg.StreamEvent) -> None:
+        for action in self._streams.handle(event):
+            self._part_settled(action)
+        self._feed()
 
-    def _stream_events(self, qid: str, run: _QueryRun, stream: _Stream) -> list[GraphEvent]:
-        """Complete the group's waiting nodes whose chunk exists (or fail them all)."""
-        if stream.started_at is None:
-            return []
-        events: list[GraphEvent] = []
-        waiting: list[Node] = []
-        now = self._clock()
-        n_items = len(stream.items)
-        for node in stream.waiters:
-            index, n = node.config["index"], node.config["count"]
-            wants_text = node.output_port("text") is not None
-            if stream.error is not None:
-                events.append(NodeFailed(query_id=qid, node_id=node.id, error=stream.error, now=now))
-                self._span(qid, run, node, stream.started_at, now, error=stream.error)
-            elif stream.ended or (index < n - 1 and n_items > index and not wants_text):
-                outputs: dict[str, Any] = {"items": decode_chunk(stream.items, index, n)}
-                if wants_text:
-                    outputs["text"] = stream.text
-                events.append(NodeFinished(query_id=qid, node_id=node.id, outputs=outputs, now=now))
-                self._span(qid, run, node, stream.started_at, now)
-            else:
-                waiting.append(node)
-        stream.waiters = waiting
-        return events
-
-    async def _with_timeout(self, engine: Engine, work: Any, n_calls: int) -> Any:
-        """Await `work` within the engine's `timeout_s`; name the engine when it runs past."""
-        timeout = engine.limits.timeout_s
-        if timeout is None:
-            return await work
-        scope = asyncio.timeout(timeout)
-        try:
-            async with scope:
-                return await work
-        except TimeoutError as exc:
-            if scope.expired():
-                raise TimeoutError(
-                    f"engine {engine.name!r}: a batch of {n_calls} call(s) ran past timeout_s={timeout}"
-                ) from exc
-            raise
-
-    def _batch_done(self, batch: RunBatch) -> None:
-        key = (batch.engine, batch.batch_id)
-        self._batches.pop(key, None)
-        for call in batch.calls:
-            run = self._queries.get(call.query_id)
-            if run is not None:
-                run.batches.discard(key)
-        if not self._closed:
-            self._to_engine(batch.engine, BatchFinished(batch_id=batch.batch_id, now=self._clock()))
+    def _part_settled(self, action: sg.PartDone | sg.PartFailed) -> None:
+        result = action.outputs if isinstance(action, sg.PartDone) else action.error
+        self._done(action.query_id, action.node, action.started, action.now, result)
 
     def _context_of(self, qid: str) -> Any:
         run = self._queries.get(qid)
@@ -542,21 +415,18 @@ class LocalRuntime(Runtime):
     # -- user primitives -------------------------------------------------------------------
     async def _run_user(self, qid: str, run: _QueryRun, node: Node, inputs: Mapping[str, Any]) -> None:
         started = self._clock()
-        event: GraphEvent
+        timeout = self.timeouts.step_s
         try:
             try:
-                outputs = await run_user(node, inputs)
+                result: Mapping[str, Any] | BaseException = await within(run_user(node, inputs), timeout)
+            except DeadlineExpired as exc:
+                result = step_timeout(node, timeout, exc)
             except Exception as exc:
-                ended = self._clock()
-                event = NodeFailed(query_id=qid, node_id=node.id, error=exc, now=ended)
-                self._span(qid, run, node, started, ended, error=exc)
-            else:
-                ended = self._clock()
-                event = NodeFinished(query_id=qid, node_id=node.id, outputs=outputs, now=ended)
-                self._span(qid, run, node, started, ended)
+                result = exc
+            self._done(qid, node, started, self._clock(), result)
             run.tasks.pop(node.id, None)
-            self._feed(event)
-        except Exception as exc:
+            self._feed()
+        except Exception as exc:  # the runtime's own code failed: fail the query, do not hang it
             self._abort(qid, exc)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -567,42 +437,3 @@ class LocalRuntime(Runtime):
         if run is not None and node_id is not None:
             run.tasks[node_id] = task
         return task
-
-    def _depths_of(self, graph: Graph) -> dict[str, float] | None:
-        if self._depth_cost is None:
-            return None  # the graph scheduler's default: path length in nodes
-        depths = self._depths.get(graph)
-        if depths is None:
-            depths = self._depths[graph] = graph.depths(self._depth_cost)
-        return depths
-
-    def _span(
-        self,
-        qid: str,
-        run: _QueryRun,
-        node: Node,
-        started: float,
-        ended: float,
-        *,
-        batch_size: int = 1,
-        error: BaseException | None = None,
-    ) -> None:
-        ready = run.ready_at.pop(node.id, started)
-        if not self._hooks:
-            return
-        span = PrimitiveSpan(
-            query_id=qid,
-            node=node,
-            ready_at=ready,
-            started_at=max(started, ready),
-            ended_at=ended,
-            batch_size=batch_size,
-            error=None if error is None else f"{type(error).__name__}: {error}",
-        )
-        for hook in self._hooks:
-            try:
-                hook.on_span(span)
-            except Exception as exc:  # an observer failed: report it where asyncio reports errors
-                asyncio.get_running_loop().call_exception_handler(
-                    {"message": f"runtime hook {hook!r} failed on a span of {node.describe()}", "exception": exc}
-                )

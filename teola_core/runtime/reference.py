@@ -14,7 +14,7 @@ from teola_core.engines.protocol import Call, EngineSet, StreamResult
 from teola_core.ir.errors import GraphError, PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
-from teola_core.ops import decode_chunk, gather_inputs, run_inline, run_user
+from teola_core.ops import gather_inputs, run_inline, run_user
 
 
 async def evaluate(
@@ -24,7 +24,7 @@ async def evaluate(
     skipped: set[str] = set()
     chosen: dict[str, int] = {}
     streamed: dict[str, list[Any]] = {}  # partial-decode group -> parsed items
-    streamed_text: dict[str, str] = {}
+    streamed_text: dict[str, Any] = {}
     result: dict[str, Any] = {}
 
     for node_id in graph.topological_order:
@@ -43,12 +43,15 @@ async def evaluate(
                 result = args
                 outputs = {}
             elif node.kind == PrimitiveKind.PARTIAL_DECODE:
-                group = node.config["group"]
-                if group not in streamed:
-                    streamed_text[group], streamed[group] = await _stream(node, args, engines, query_id, context)
-                outputs = {"items": decode_chunk(streamed[group], node.config["index"], node.config["count"])}
+                part = node.part
+                assert part is not None  # validated: every partial decode has its part
+                if part.group not in streamed:
+                    streamed_text[part.group], streamed[part.group] = await _stream(
+                        node, args, engines, query_id, context
+                    )
+                outputs = {"items": part.chunk(streamed[part.group])}
                 if node.output_port("text") is not None:
-                    outputs = {**outputs, "text": streamed_text[group]}
+                    outputs = {**outputs, "text": streamed_text[part.group]}
             elif spec_of(node.kind).placement == Placement.INLINE:
                 outputs = run_inline(node, args)
             elif spec_of(node.kind).placement == Placement.USER:

@@ -1,36 +1,43 @@
-"""The engine scheduler: one per engine, turns pending nodes into batches.
+"""The engine scheduler: one per engine, turns pending nodes into batches and owns its slots.
 
-A pure state machine like the graph scheduler: `handle(*events) -> [RunBatch]`, no I/O,
-no clock. Several events may be handed in at once (as Dask's `handle_stimulus(*stims)`):
-all are applied before any batch is formed, so nodes that became ready together can
-share a batch.
+A pure state machine like the graph scheduler: `handle(*events) -> [RunBatch | CancelBatch]`,
+no I/O, no clock. Several events may be handed in at once (as Dask's
+`handle_stimulus(*stims)`): all are applied before any batch is formed, so nodes that
+became ready together can share a batch.
 
 State:
 
     pending    the policy's queue of `NodeReady` events (see `policies`)
-    running    batch id -> the `RunBatch` in flight
+    running    batch id -> the `RunBatch` in flight and the queries that still need it
     slots      batches that may be in flight at once: `concurrency`
                (EngineLimits.concurrency), or what the policy allows (po: one
-               invocation per engine instance)
+               invocation per engine instance); a running batch holds one until its
+               `BatchFinished`, whatever ended it
     max batch  the most items a batch carries: the engine's max efficient batch (a node
                larger than it runs alone); the policy may narrow it (po: 1, to: fixed)
 
 Transitions: `NodeReady` queues a node; `BatchFinished` frees its slot;
-`QueryCancelRequested` drops the query's pending nodes (a batch already running is the
-runtime's business). After every call, while a slot is free and nodes are pending, the
-policy picks the next batch and a `RunBatch` goes out.
+`QueryCancelRequested` (the query failed or was cancelled) drops the query's pending
+nodes, and every running batch that no other live query needs gets a `CancelBatch`.
+After every call, while a slot is free and nodes are pending, the policy picks the next
+batch and a `RunBatch` goes out.
 
     es = EngineScheduler("embedder", policy="topology", max_batch_items=16, concurrency=1)
     [run] = es.handle(NodeReady(...), NodeReady(...))   # one batch of both
+    es.handle(QueryCancelRequested(query_id=..., now=t))  # [CancelBatch(...)] if only it needed run
     es.handle(BatchFinished(batch_id=run.batch_id, now=t))
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import count
 
+from teola_core.engines.protocol import Engine
 from teola_core.scheduler.events import (
     BatchFinished,
+    CancelBatch,
+    EngineAction,
     EngineEvent,
     NodeReady,
     QueryCancelRequested,
@@ -38,6 +45,18 @@ from teola_core.scheduler.events import (
     SchedulerError,
 )
 from teola_core.scheduler.policies import Policy, make_policy
+from teola_core.scheduler.sizing import max_batch as max_batch_of
+
+
+class _Running:
+    """A batch in flight: the queries that still need its results."""
+
+    __slots__ = ("batch", "cancelled", "needed_by")
+
+    def __init__(self, batch: RunBatch) -> None:
+        self.batch = batch
+        self.needed_by = {c.query_id for c in batch.calls}
+        self.cancelled = False
 
 
 class EngineScheduler:
@@ -58,8 +77,30 @@ class EngineScheduler:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_batch_items = max_batch_items
         self.concurrency = self.policy.slots(concurrency, instances)
-        self._running: dict[int, RunBatch] = {}
+        self._running: dict[int, _Running] = {}
+        self._by_query: dict[str, set[int]] = {}  # query -> running batches holding its calls
         self._ids = count()
+
+    @classmethod
+    def for_engine(
+        cls,
+        name: str,
+        engine: Engine,
+        *,
+        policy: str = "topology",
+        to_max_batch: int | None = None,
+        max_batch: Mapping[str, int | None] | None = None,
+    ) -> EngineScheduler:
+        """The scheduler of `engine` under `policy`, its max batch from its profile and limits,
+        or from `max_batch[name]` when given there (see `sizing`)."""
+        overrides = max_batch or {}
+        return cls(
+            name,
+            policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
+            max_batch_items=max_batch_of(engine, overrides.get(name), overridden=name in overrides),
+            concurrency=engine.limits.concurrency,
+            instances=engine.limits.instances,
+        )
 
     @property
     def pending(self) -> int:
@@ -67,21 +108,21 @@ class EngineScheduler:
 
     @property
     def running(self) -> tuple[RunBatch, ...]:
-        return tuple(self._running.values())
+        return tuple(r.batch for r in self._running.values())
 
-    def handle(self, *events: EngineEvent) -> list[RunBatch]:
+    def handle(self, *events: EngineEvent) -> list[EngineAction]:
         """Apply the events, then start batches while slots are free."""
+        actions: list[EngineAction] = []
         for event in events:
             if isinstance(event, NodeReady):
                 self.policy.push(event)
             elif isinstance(event, BatchFinished):
-                if self._running.pop(event.batch_id, None) is None:
-                    raise SchedulerError(f"engine {self.engine!r}: batch {event.batch_id} is not running")
+                self._finished(event.batch_id)
             elif isinstance(event, QueryCancelRequested):
                 self.policy.drop_query(event.query_id)
+                actions.extend(self._forget(event.query_id))
             else:
                 raise SchedulerError(f"engine scheduler cannot handle {type(event).__name__}")
-        actions: list[RunBatch] = []
         limit = self.policy.limit(self.max_batch_items)
         while len(self._running) < self.concurrency and len(self.policy):
             batch = self.policy.take(limit)
@@ -91,6 +132,29 @@ class EngineScheduler:
                 calls=tuple(r.call() for r in batch),
                 stream=batch[0].stream,
             )
-            self._running[run.batch_id] = run
+            running = self._running[run.batch_id] = _Running(run)
+            for query_id in running.needed_by:
+                self._by_query.setdefault(query_id, set()).add(run.batch_id)
             actions.append(run)
         return actions
+
+    def _finished(self, batch_id: int) -> None:
+        running = self._running.pop(batch_id, None)
+        if running is None:
+            raise SchedulerError(f"engine {self.engine!r}: batch {batch_id} is not running")
+        for query_id in running.needed_by:
+            mine = self._by_query[query_id]
+            mine.discard(batch_id)
+            if not mine:
+                del self._by_query[query_id]
+
+    def _forget(self, query_id: str) -> list[CancelBatch]:
+        """The query ended: cancel each of its running batches that no other live query needs."""
+        cancels = []
+        for batch_id in sorted(self._by_query.pop(query_id, ())):
+            running = self._running[batch_id]
+            running.needed_by.discard(query_id)
+            if not running.needed_by and not running.cancelled:
+                running.cancelled = True
+                cancels.append(CancelBatch(engine=self.engine, batch_id=batch_id))
+        return cancels

@@ -11,7 +11,8 @@ so a test can feed events one by one and compare the actions exactly:
 
 Graph scheduler: `QuerySubmitted`, `NodeStarted`, `NodeFinished`, `NodeFailed`,
 `QueryCancelRequested` in; `Dispatch`, `QueryDone`, `QueryFailed`, `CancelNodes` out.
-Engine scheduler: `NodeReady`, `BatchFinished`, `QueryCancelRequested` in; `RunBatch` out.
+Engine scheduler: `NodeReady`, `BatchFinished`, `QueryCancelRequested` in; `RunBatch`,
+`CancelBatch` out. Stream groups (`streams`): see `teola_core.scheduler.streams`.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class NodeReady:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchFinished:
-    """A batch returned (or failed, or was cancelled): its concurrency slot is free."""
+    """A batch ended, however (returned, failed, cancelled, even before it ran a step):
+    its concurrency slot is free. The runtime reports it exactly once per `RunBatch`."""
 
     batch_id: int
     now: float
@@ -191,3 +193,15 @@ class RunBatch:
     @property
     def items(self) -> int:
         return sum(c.items for c in self.calls)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelBatch:
+    """Stop a running batch: every query it holds calls of has ended. Its slot stays held
+    until the batch's `BatchFinished` comes back."""
+
+    engine: str
+    batch_id: int
+
+
+EngineAction = RunBatch | CancelBatch

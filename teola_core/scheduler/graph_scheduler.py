@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -230,7 +230,9 @@ class GraphScheduler:
     # run each Dispatch, then feed NodeFinished / NodeFailed back in
     """
 
-    def __init__(self) -> None:
+    def __init__(self, depth_cost: Callable[[Node], float] | None = None) -> None:
+        """depth_cost: a node's weight in depths (default 1: path length in nodes)."""
+        self._depth_cost = depth_cost
         self._queries: dict[str, _Query] = {}
         self._plans: weakref.WeakKeyDictionary[Graph, tuple[_Plan, tuple[float, ...]]] = weakref.WeakKeyDictionary()
 
@@ -316,7 +318,7 @@ class GraphScheduler:
         cached = self._plans.get(graph)
         if cached is None:
             plan = _Plan.of(graph)
-            depth = graph.depths()
+            depth = graph.depths(self._depth_cost)
             cached = (plan, tuple(depth[i] for i in plan.ids))
             self._plans[graph] = cached
         return cached

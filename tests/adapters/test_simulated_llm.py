@@ -12,7 +12,7 @@ from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.ops import decode_chunk
@@ -223,7 +223,8 @@ def test_partial_decode_returns_its_chunk_of_the_items() -> None:
                 (PortSpec("kv", PortType.KV),),
                 (PortSpec("items", PortType.ITEMS),),
                 engine="llm",
-                config={"max_tokens": 64, "split_unit": Lines(), "index": i, "count": 3, "group": "g"},
+                config={"max_tokens": 64, "split_unit": Lines()},
+                part=DecodePart("g", i, 3),
             )
             calls.append(Call("q", pd, {"kv": kv}))
         return [ok(r)["items"] for r in await llm.run(calls)]

@@ -14,7 +14,7 @@ from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
 from teola_core.engines.retention import KVRetention
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.ops import decode_chunk
@@ -30,7 +30,9 @@ def prefill_node(kind: PrimitiveKind = PrimitiveKind.PREFILL, **config: Any) -> 
     return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", config=config, caps=spec.caps)
 
 
-def decode_node(max_tokens: int, kind: PrimitiveKind = PrimitiveKind.DECODE, **config: Any) -> Node:
+def decode_node(
+    max_tokens: int, kind: PrimitiveKind = PrimitiveKind.DECODE, part: DecodePart | None = None, **config: Any
+) -> Node:
     outputs = (PortSpec("items", PortType.ITEMS),) if kind == PrimitiveKind.PARTIAL_DECODE else ()
     return Node(
         "decode",
@@ -40,6 +42,7 @@ def decode_node(max_tokens: int, kind: PrimitiveKind = PrimitiveKind.DECODE, **c
         engine="llm",
         config={"max_tokens": max_tokens, **config},
         caps=Capabilities(batchable=True),
+        part=part,
     )
 
 
@@ -216,8 +219,8 @@ def test_streams_and_partial_decodes_cache_their_output_too() -> None:
     async def partial(llm: SimLLM) -> str:
         kv = await prefill(llm, prompt)
         calls = [
-            Call("q", decode_node(64, PrimitiveKind.PARTIAL_DECODE, split_unit=Lines(), index=i, count=2), {"kv": kv})
-            for i in range(2)
+            Call("q", decode_node(64, PrimitiveKind.PARTIAL_DECODE, split_unit=Lines(), part=part), {"kv": kv})
+            for part in (DecodePart("g", 0, 2), DecodePart("g", 1, 2))
         ]
         results = await llm.run(calls)
         assert [r["items"] for r in results] == [decode_chunk(Lines().parse(lines(prompt, 64)), i, 2) for i in range(2)]

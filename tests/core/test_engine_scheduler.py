@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from teola_core.engines.protocol import Engine, EngineLimits
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
+from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_core.scheduler.engine_scheduler import EngineScheduler
 from teola_core.scheduler.events import (
     BatchFinished,
+    CancelBatch,
     Dispatch,
     NodeReady,
     QueryCancelRequested,
@@ -227,3 +230,36 @@ def test_errors_name_what_is_wrong() -> None:
         make_policy("fifo", max_batch=3)
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         EngineScheduler("emb", concurrency=0)
+
+
+def test_a_cancelled_query_cancels_the_batches_only_it_still_needs() -> None:
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=2, concurrency=2)
+    shared, alone = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q1", "b"))
+    assert (_names(shared), _names(alone)) == (["q1.a", "q2.a"], ["q1.b"])
+    assert es.handle(QueryCancelRequested(query_id="q1", now=1.0)) == [CancelBatch(engine="emb", batch_id=1)]
+    assert es.handle(QueryCancelRequested(query_id="q2", now=1.0)) == [CancelBatch(engine="emb", batch_id=0)]
+    assert es.handle(QueryCancelRequested(query_id="q2", now=1.0)) == []  # once only
+    assert len(es.running) == 2  # a cancelled batch holds its slot until its end is reported
+    [next_one] = es.handle(_ready("q3", "a"), BatchFinished(batch_id=1, now=2.0))
+    assert _names(next_one) == ["q3.a"]
+    es.handle(BatchFinished(batch_id=0, now=2.0), BatchFinished(batch_id=next_one.batch_id, now=2.0))
+    assert es.running == () and es.pending == 0
+
+
+def test_for_engine_takes_the_max_batch_from_the_profile_limits_or_override() -> None:
+    class Emb(Engine):
+        name = "emb"
+        kinds = frozenset({PrimitiveKind.EMBED})
+
+        async def run(self, calls):  # type: ignore[no-untyped-def]
+            return []
+
+    emb = Emb()
+    emb.profile = LatencyProfile("emb", {"embed": Curve(((1, 0.1), (4, 0.15), (16, 0.45), (32, 0.9)))})
+    emb.limits = EngineLimits(concurrency=3, max_batch_items=8)
+    es = EngineScheduler.for_engine("emb", emb, policy="fifo")
+    assert (es.max_batch_items, es.concurrency, es.policy.name) == (8, 3, "fifo")
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"emb": None}).max_batch_items == 8
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"emb": 2}).max_batch_items == 2
+    assert EngineScheduler.for_engine("emb", emb, max_batch={"other": 2}).max_batch_items == 8
+    assert EngineScheduler.for_engine("emb", emb, policy="to", to_max_batch=5).policy.limit(None) == 5

@@ -8,7 +8,7 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.errors import GraphError, PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
-from teola_core.ir.node import ControlEdge
+from teola_core.ir.node import ControlEdge, DecodePart
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import PortType
 from teola_core.scheduler.events import (
@@ -275,7 +275,8 @@ def test_partial_decode_nodes_are_dispatched_like_any_other() -> None:
             PrimitiveKind.PARTIAL_DECODE,
             {"kv": Value(kv.id, "kv")},
             engine="llm",
-            config={"group": "g", "index": i, "count": 2, "split_unit": Lines()},
+            config={"split_unit": Lines()},
+            part=DecodePart("g", i, 2),
             input_ports=(PortSpec("kv", PortType.KV),),
             output_ports=(PortSpec("items", PortType.ITEMS),),
             name=f"pd{i}",

@@ -19,13 +19,15 @@ from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.errors import GraphError, PrimitiveError, QueryCancelled
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
+from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import JsonArray, Lines, SplitUnit
 from teola_core.ir.types import Document, KVHandle, PortType, Scored
 from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_core.runtime.base import PrimitiveSpan
-from teola_core.runtime.local import LocalRuntime, default_max_batch
+from teola_core.runtime.local import LocalRuntime
 from teola_core.runtime.reference import evaluate
 from teola_core.scheduler.events import NodeFinished
+from teola_core.scheduler.sizing import default_max_batch
 
 K = PrimitiveKind
 
@@ -175,7 +177,8 @@ def pipelined(unit: SplitUnit, count: int = 3, downstream: Callable[..., Any] | 
             K.PARTIAL_DECODE,
             {"kv": Value(prefill.id, "kv")},
             engine="llm",
-            config={"group": "answer", "index": i, "count": count, "split_unit": unit, "max_tokens": 64},
+            config={"split_unit": unit, "max_tokens": 64},
+            part=DecodePart("answer", i, count),
             input_ports=(PortSpec("kv", PortType.KV),),
             output_ports=tuple(outputs),
             name=f"pd{i}",
@@ -338,7 +341,10 @@ def test_a_batch_past_the_engine_timeout_fails_with_a_named_timeout_error() -> N
         with pytest.raises(PrimitiveError, match=r"embed \(embed on emb\) failed: TimeoutError") as info:
             await rt.run(embed_only(stages=1), {"docs": ["a"]})
         assert isinstance(info.value.error, TimeoutError)
-        assert "engine 'emb'" in str(info.value.error) and "timeout_s=0.05" in str(info.value.error)
+        assert str(info.value.error) == (
+            "step embed (embed on emb) ran past its 0.05 s timeout on engine 'emb' "
+            "(the engine's EngineLimits.timeout_s)"
+        )
         assert gated.cancelled == [["q0:embed"]]
         # The slot is free again: the next query runs once the gate opens.
         gated.gate.set()

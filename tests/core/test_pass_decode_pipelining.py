@@ -11,7 +11,7 @@ from toy_engines import item_count, toy_engines
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Capabilities, MergeMode, PortSpec, PrimitiveKind
-from teola_core.ir.node import ControlEdge, DataEdge
+from teola_core.ir.node import ControlEdge, DataEdge, DecodePart
 from teola_core.ir.split_units import JsonArray, Lines, SplitUnit
 from teola_core.ir.types import Document, PortType
 from teola_core.passes import DecodePipelining, PassContext
@@ -72,7 +72,7 @@ def test_decode_becomes_partial_decodes_with_replicated_consumers() -> None:
     parts = [out.nodes[f"expand.decode/p{i}"] for i in range(3)]
     for i, part in enumerate(parts):
         assert part.kind == K.PARTIAL_DECODE and part.engine == "llm"
-        assert dict(part.config) == {**decode.config, "group": "expand.decode", "index": i, "count": 3}
+        assert dict(part.config) == dict(decode.config) and part.part == DecodePart("expand.decode", i, 3)
         assert part.caps == Capabilities(batchable=True)
         assert DataEdge("expand.prefill", "kv", part.id, "kv") in out.data_edges
     assert [p.outputs for p in parts] == [

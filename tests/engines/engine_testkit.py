@@ -7,7 +7,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import SplitUnit
 from teola_core.ir.types import PortType
 
@@ -15,7 +15,13 @@ T = TypeVar("T")
 
 
 def node(
-    kind: PrimitiveKind, engine: str, *, node_id: str | None = None, split_unit: SplitUnit | None = None, **config: Any
+    kind: PrimitiveKind,
+    engine: str,
+    *,
+    node_id: str | None = None,
+    split_unit: SplitUnit | None = None,
+    part: DecodePart | None = None,
+    **config: Any,
 ) -> Node:
     """A node of `kind` with the kind's ports (a decode gets `text`, and `items` with a split unit)."""
     spec = spec_of(kind)
@@ -30,7 +36,7 @@ def node(
             outputs = (*outputs, PortSpec("items", PortType.ITEMS))
     if split_unit is not None:
         config["split_unit"] = split_unit
-    return Node(node_id or kind.value, kind, inputs, outputs, engine=engine, config=config, caps=spec.caps)
+    return Node(node_id or kind.value, kind, inputs, outputs, engine=engine, config=config, caps=spec.caps, part=part)
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 180.0) -> T:

@@ -18,6 +18,7 @@ from engine_testkit import node, run
 from teola_adapters.llamacpp import LlamaCppEngine, LlamaCppError, StateCache, default_model_path, measure_profile
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle
 
@@ -147,7 +148,8 @@ def test_partial_decode_hands_on_its_chunk(engine) -> None:
         chunks = []
         for index in range(2):
             kv = (await engine.run_one(Call("q", node(K.PREFILL, engine.name), {"prompt": text})))["kv"]
-            part = node(K.PARTIAL_DECODE, engine.name, max_tokens=16, split_unit=Lines(), index=index, count=2)
+            chunk = DecodePart("g", index, 2)
+            part = node(K.PARTIAL_DECODE, engine.name, max_tokens=16, split_unit=Lines(), part=chunk)
             chunks.append((await engine.run_one(Call("q", part, {"kv": kv})))["items"])
         return chunks
 

@@ -4,6 +4,8 @@
 the event loop (no threads), so the server's answer can be compared with calling the
 app directly and the load test exercises the shared runtime. `Blocking` streams one
 word then waits forever, reporting start and cancellation through threading events.
+`Gated` answers once the test opens its gate (overload tests); `build_guarded_apps` adds
+an app that fails mid-stream and one whose step hangs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableGenerator, RunnableLambda
 
 
 def reply(messages: list[BaseMessage]) -> str:
@@ -100,6 +102,20 @@ class Blocking(BaseChatModel):
         await self._wait()
 
 
+async def _explode_midway(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    n = 0
+    async for chunk in chunks:
+        yield chunk
+        n += 1
+        if n == 2:
+            raise ValueError("broke after two chunks")
+
+
+async def _hang(value: Any) -> str:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
 def _explode(value: Any) -> str:
     raise ValueError(f"exploded on {value.to_string()[:20]!r}")
 
@@ -114,8 +130,48 @@ def build_apps() -> dict[str, Any]:
         "raw": SlowEcho(),
         "failing": question | RunnableLambda(_explode, name="explode"),
         "blocking": question | Blocking(started=started, cancelled=cancelled) | StrOutputParser(),
+        "midway": question | SlowEcho() | StrOutputParser() | RunnableGenerator(_explode_midway, name="explode_midway"),
     }
     return {"apps": apps, "started": started, "cancelled": cancelled}
 
 
 chain = ChatPromptTemplate.from_template("Answer briefly: {question}") | SlowEcho() | StrOutputParser()
+
+
+class Gated(BaseChatModel):
+    """Answers like `SlowEcho`, but each call first waits for `gate` (a threading.Event, in a
+    worker thread); `entered` is released once per call that reached the model."""
+
+    gate: Any = None
+    entered: Any = None
+    calls: Any = None  # a list: one entry per call that reached the model
+
+    @property
+    def _llm_type(self) -> str:
+        return "gated"
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=reply(messages)))])
+
+    async def _agenerate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.calls.append(messages[-1].text)
+        self.entered.release()
+        await asyncio.to_thread(self.gate.wait)
+        return self._generate(messages)
+
+
+def build_guarded_apps() -> dict[str, Any]:
+    """Apps for the overload and fault tests (one server per test module)."""
+    gate, entered, calls = threading.Event(), threading.Semaphore(0), []
+    started, cancelled = threading.Event(), threading.Event()
+    question = ChatPromptTemplate.from_template("Answer briefly: {question}")
+    apps: dict[str, Runnable[Any, Any]] = {
+        "gated": question | Gated(gate=gate, entered=entered, calls=calls) | StrOutputParser(),
+        "chain": question | SlowEcho() | StrOutputParser(),
+        "hung": question | RunnableLambda(_hang, name="hang"),
+        "blocking": question | Blocking(started=started, cancelled=cancelled) | StrOutputParser(),
+    }
+    return {"apps": apps, "gate": gate, "entered": entered, "calls": calls, "started": started, "cancelled": cancelled}
+
+
+not_an_app = 42

@@ -107,7 +107,8 @@ def test_huge_chunked_body_is_413(served: Served) -> None:
             yield b"x" * (512 << 10)
         yield b'", "messages": [{"role": "user", "content": "x"}]}'
 
-    response = httpx.post(f"{served.url}/v1/chat/completions", content=parts(), headers=AUTH)
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = httpx.post(f"{served.url}/v1/chat/completions", content=parts(), headers=headers)
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
     assert post(served, "/v1/chat/completions", as_json(GOOD)).status_code == 200
 

@@ -17,14 +17,14 @@ RSS_GROWTH_BOUND = 64 << 20
 
 def rss(served: Served) -> float:
     """The server process's resident memory, from its own /metrics."""
-    text = httpx.get(f"{served.url}/metrics").text
+    text = served.metrics()
     match = re.search(r"^process_resident_memory_bytes ([0-9.e+]+)$", text, re.M)
     assert match is not None
     return float(match.group(1))
 
 
 def in_progress(served: Served) -> float:
-    text = httpx.get(f"{served.url}/metrics").text
+    text = served.metrics()
     return sum(float(v) for v in re.findall(r"^teola_requests_in_progress\{[^}]*\} ([0-9.e+-]+)$", text, re.M))
 
 
@@ -60,7 +60,7 @@ def test_disconnect_mid_stream_cancels_query(blocking: Served) -> None:
 
 async def _load(served: Served, *, stream: bool, leave_every: int | None) -> tuple[list[float], int, list[str]]:
     """N_REQUESTS chat requests from N_CLIENTS concurrent clients; returns latencies, left, errors."""
-    client = served.async_openai(timeout=30.0)
+    client = served.async_openai(timeout=30.0, max_retries=2)  # as clients are: a 503 is retried
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(N_REQUESTS):
         queue.put_nowait(i)

@@ -47,6 +47,7 @@ from vllm_local_support import (
 
 from teola_adapters.vllm_local import VLLMLocalEngine, VLLMLocalError
 from teola_core.engines.protocol import Call
+from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle
 
@@ -134,7 +135,7 @@ def test_partial_prefill_warm_up_is_hit_by_the_full_request(engine: VLLMLocalEng
 
 
 def test_streamed_partial_decode_delivers_items_before_the_call_ends(engine: VLLMLocalEngine) -> None:
-    decode = node(K.PARTIAL_DECODE, split_unit=Lines(), max_tokens=48, index=0, count=1)
+    decode = node(K.PARTIAL_DECODE, split_unit=Lines(), max_tokens=48, part=DecodePart("g", 0, 1))
 
     async def main() -> tuple[list[tuple[float, str]], float, str, dict[str, Any]]:
         pre = await engine.run_one(Call("q", node(K.PREFILL), {"prompt": LIST_PROMPT}))

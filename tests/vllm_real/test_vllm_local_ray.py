@@ -45,7 +45,7 @@ from teola_adapters.vllm_local import VLLMLocalFactory  # noqa: E402
 from teola_core.engines.protocol import Call, EngineSet  # noqa: E402
 from teola_core.ir.builder import GraphBuilder, Value  # noqa: E402
 from teola_core.ir.graph import Graph  # noqa: E402
-from teola_core.ir.node import Node  # noqa: E402
+from teola_core.ir.node import DecodePart, Node  # noqa: E402
 from teola_core.ir.split_units import Lines  # noqa: E402
 from teola_core.ir.types import PortType  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
@@ -138,7 +138,7 @@ def test_ray_runtime_runs_the_optimized_graph_with_a_warm_prefix(pool: RayEngine
 
 
 def test_streamed_partial_decode_through_the_actor_delivers_items_early(pool: RayEnginePool) -> None:
-    decode = node(K.PARTIAL_DECODE, split_unit=Lines(), max_tokens=48, index=0, count=1)
+    decode = node(K.PARTIAL_DECODE, split_unit=Lines(), max_tokens=48, part=DecodePart("g", 0, 1))
 
     async def main() -> tuple[list[tuple[float, str]], float, str, Any]:
         [pre] = await pool.run([Call("q", node(K.PREFILL), {"prompt": LIST_PROMPT})])

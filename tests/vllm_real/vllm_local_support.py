@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import SplitUnit
 from teola_core.ir.types import PortType
 
@@ -61,7 +61,13 @@ def fresh_prefix() -> str:
     return f"Session {uuid.uuid4().hex}.\n{CONTEXT}"
 
 
-def node(kind: PrimitiveKind, split_unit: SplitUnit | None = None, node_id: str | None = None, **config: Any) -> Node:
+def node(
+    kind: PrimitiveKind,
+    split_unit: SplitUnit | None = None,
+    node_id: str | None = None,
+    part: DecodePart | None = None,
+    **config: Any,
+) -> Node:
     """A node of `kind` on the LLM engine, with the kind's ports (decodes get text/items)."""
     spec = spec_of(kind)
     inputs = spec.inputs if spec.inputs is not None else (PortSpec("kv", PortType.KV),)
@@ -73,7 +79,7 @@ def node(kind: PrimitiveKind, split_unit: SplitUnit | None = None, node_id: str 
         outputs = (PortSpec("text", PortType.TEXT),)
     if split_unit is not None:
         config["split_unit"] = split_unit
-    return Node(node_id or kind.value, kind, inputs, outputs, engine=ENGINE, config=config, caps=spec.caps)
+    return Node(node_id or kind.value, kind, inputs, outputs, engine=ENGINE, config=config, caps=spec.caps, part=part)
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 180.0) -> T:

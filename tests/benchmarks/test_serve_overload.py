@@ -1,0 +1,32 @@
+"""The overload benchmark's mechanics on a short run: every request accounted for, nothing
+held afterwards, nothing logged. Its figures (goodput, burst, RSS) are for `teola bench
+--serve-overload` on a quiet machine, not for a test."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+if any(importlib.util.find_spec(m) is None for m in ("aiohttp", "fastapi", "uvicorn", "langchain_core")):
+    pytest.skip("the overload benchmark needs the serve and bench extras", allow_module_level=True)
+
+from teola_benchmarks.overload.bench import run_overload
+
+
+def test_a_short_overload_run_accounts_for_every_request_and_leaves_nothing_held() -> None:
+    result = run_overload(clients=8, warmup_s=0.5, capacity_s=2.0, overload_s=3.0, pause_s=1.0, burst_n=8)
+    assert result.capacity_per_s > 0
+    for phase in result.phases.values():
+        assert phase.sent == phase.answered + phase.shed + phase.timed_out + sum(phase.other.values())
+        assert not {k: v for k, v in phase.other.items() if k != "503"}  # no errors but refusals
+    assert result.phases["overload"].sent >= 2 * result.phases["capacity"].sent  # it sent about 2R for 3 s
+    assert result.slots_after == 0 and result.admitted_after == 0
+    assert result.server_log == []  # no tracebacks, no warnings
+    data = result.to_json()
+    assert set(data["checks"]) == {
+        "goodput >= 0.8 R",
+        "burst of 8 all answered within 3 s",
+        "RSS after <= 1.5x before",
+        "zero engine slots held after",
+    }
