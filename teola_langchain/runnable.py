@@ -74,6 +74,9 @@ class TeolaRunnable(Runnable[Input, Output]):
         warn: warn once for each step Teola cannot look into.
         hooks: runtime hooks (e.g. `teola_core.runtime.timeline.SpanRecorder`) added to
             every runtime this runnable creates: they see each primitive's span.
+        timeout: seconds an engine batch or a step may run before its query fails with a
+            `TimeoutError` naming the step (calls then run on the graph, which keeps the
+            deadlines; default: 600 s there, and none when the chain runs as LangChain runs it).
         ray: where engines run on the "ray" backend (`teola_core.runtime.ray_options.RayOptions`,
             or a dict: `{"address": ..., "engines": {name or class: {"num_replicas": 2, ...}}}`).
         engines: which Teola engine runs a model, embeddings object or vector store of
@@ -100,6 +103,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         execution: str = "auto",
         expected_items: int | None = None,
         ray: Any = None,
+        timeout: float | None = None,
     ) -> None:
         if execution not in ("auto", "graph"):
             raise ValueError(f"execution={execution!r}: expected 'auto' or 'graph'")
@@ -124,9 +128,11 @@ class TeolaRunnable(Runnable[Input, Output]):
         for sub in self.plan.graphs():
             _optimize_graph(sub, passes, self.profiles)
         self.why = _what_pays(self.plan, self._engines.engines)
+        if timeout is not None:
+            self.why.append(f"every step and engine call has a {timeout} s deadline")
         self.on_graph = execution == "graph" or bool(self.why)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
-        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks, ray=ray)
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, hooks, ray=ray, timeouts=timeout)
         self._thread = LoopThread(f"teola:{self.name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)

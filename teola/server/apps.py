@@ -121,7 +121,10 @@ class LangChainApp(_OptimizedApp):
 
         self.name = name
         self.runnable: TeolaRunnable[Any, Any] = (
-            runnable if isinstance(runnable, TeolaRunnable) else _optimize(runnable, backend, ray)
+            runnable
+            if isinstance(runnable, TeolaRunnable)
+            # on the graph: every step gets the server's deadline and is counted in /metrics
+            else _optimize(runnable, backend, ray, execution="graph")
         )
         self.optimized = self.runnable
 
@@ -204,11 +207,11 @@ class AppSpec:
         return cls(name or attr.rsplit(".", 1)[-1], module, attr)
 
 
-def _optimize(obj: Any, backend: str, ray: Mapping[str, Any] | None) -> Any:
+def _optimize(obj: Any, backend: str, ray: Mapping[str, Any] | None, **options: Any) -> Any:
     """`teola.optimize` with the server's backend (and Ray options, on the Ray backend)."""
     import teola
 
-    return teola.optimize(obj, backend=backend, **({} if ray is None else {"ray": ray}))
+    return teola.optimize(obj, backend=backend, **options, **({} if ray is None else {"ray": ray}))
 
 
 def wrap_app(name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None) -> App:

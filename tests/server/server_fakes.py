@@ -24,6 +24,8 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableGenerator, RunnableLambda
 
+import teola
+
 
 def reply(messages: list[BaseMessage]) -> str:
     prompt = "\n".join(f"{m.type}: {m.text}" for m in messages)
@@ -125,7 +127,9 @@ def build_apps() -> dict[str, Any]:
     started, cancelled = threading.Event(), threading.Event()
     question = ChatPromptTemplate.from_template("Answer briefly: {question}")
     apps: dict[str, Runnable[Any, Any]] = {
-        "chain": question | SlowEcho() | StrOutputParser(),
+        # on the graph (`execution="graph"`): its primitives reach /metrics (a chain with nothing
+        # for the graph to gain runs as LangChain runs it, and has no primitives to report)
+        "chain": teola.optimize(question | SlowEcho() | StrOutputParser(), execution="graph"),
         "multi": ChatPromptTemplate.from_template("Context: {context}\nQ: {question}") | SlowEcho() | StrOutputParser(),
         "raw": SlowEcho(),
         "failing": question | RunnableLambda(_explode, name="explode"),
@@ -167,7 +171,9 @@ def build_guarded_apps() -> dict[str, Any]:
     question = ChatPromptTemplate.from_template("Answer briefly: {question}")
     apps: dict[str, Runnable[Any, Any]] = {
         "gated": question | Gated(gate=gate, entered=entered, calls=calls) | StrOutputParser(),
-        "chain": question | SlowEcho() | StrOutputParser(),
+        # on the graph (`execution="graph"`): its primitives reach /metrics (a chain with nothing
+        # for the graph to gain runs as LangChain runs it, and has no primitives to report)
+        "chain": teola.optimize(question | SlowEcho() | StrOutputParser(), execution="graph"),
         "hung": question | RunnableLambda(_hang, name="hang"),
         "blocking": question | Blocking(started=started, cancelled=cancelled) | StrOutputParser(),
     }

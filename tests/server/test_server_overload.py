@@ -241,7 +241,7 @@ def test_a_hung_step_fails_its_request_naming_the_step_and_the_others_are_answer
         hung, *fine = asyncio.run(main())
         assert isinstance(hung, openai.InternalServerError)
         message = hung.body["message"]  # type: ignore[index]
-        assert "TimeoutError: step hang.lambda (call, from hang) ran past its 0.3 s timeout" in message
+        assert "TimeoutError: step hang.invoke (call, from hang) ran past its 0.3 s timeout" in message
         assert "in step 'hang'" in message
         assert all(r.choices[0].message.content for r in fine)
 
