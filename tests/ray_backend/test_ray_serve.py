@@ -64,4 +64,7 @@ def test_the_ray_address_reaches_optimize(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(teola, "optimize", lambda obj, **options: calls.append(options) or obj)
     wrap_app("a", RunnableLambda(str), backend="ray", ray={"address": "auto"})
     wrap_app("b", RunnableLambda(str), backend="ray")
-    assert calls == [{"backend": "ray", "ray": {"address": "auto"}}, {"backend": "ray"}]
+    assert calls == [
+        {"backend": "ray", "execution": "graph", "ray": {"address": "auto"}},
+        {"backend": "ray", "execution": "graph"},
+    ]
