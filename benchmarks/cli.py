@@ -225,8 +225,8 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     """`--agents`: trace-driven agents on the simulated LLM (see `teola_benchmarks.agents`)."""
     if args.engines == "local-real":
         return run_agents_llamacpp_bench(args)
+    from teola_adapters.simulated.virtual_time import run_virtual
     from teola_benchmarks.agents.bench import bench_agents, system_names
-    from teola_benchmarks.virtual_time import run_virtual
 
     concurrency = 32 if args.concurrency is None else args.concurrency
     if concurrency < 1:

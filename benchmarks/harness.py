@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
@@ -101,11 +100,11 @@ async def run_system(
 
     async def one(i: int, at: float) -> tuple[float, dict[str, object]]:
         await asyncio.sleep(max(0.0, start + at * time_scale - loop.time()))
-        began = time.perf_counter()
+        began = loop.time()
         query = workload.make_query(i)
         graph = manager.optimize(template.instantiate(query), ctx).e_graph
         outputs = await runtime.run(graph, query, query_id=f"q{i}")
-        return (time.perf_counter() - began) / time_scale, outputs
+        return (loop.time() - began) / time_scale, outputs
 
     try:
         results = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
@@ -128,7 +127,7 @@ async def critical_path(
     """
     system = SYSTEMS["teola"]
     engines = make_engines(time_scale, True, workload.model)
-    runtime = LocalRuntime(engines, policy=system.policy)
+    runtime = LocalRuntime(engines, policy=system.policy, clock=asyncio.get_running_loop().time)
     spans = _Spans()
     runtime.add_hook(spans)
     query = workload.make_query(query_index)

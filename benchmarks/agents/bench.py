@@ -12,7 +12,7 @@ mean and p95 job completion time (unscaled seconds, from the job's start to its 
 answer), prefill tokens recomputed (computed again after eviction), the prefix-cache hit
 rate, and that every system's answers equal the plain agent's.
 
-    result = run_virtual(bench_agents(concurrency=32))   # teola_benchmarks.virtual_time
+    result = run_virtual(bench_agents(concurrency=32))   # teola_adapters.simulated.virtual_time
     result.to_json()
 """
 
@@ -22,7 +22,8 @@ import asyncio
 import statistics
 from dataclasses import dataclass, field
 
-from teola_adapters.simulated.llm import BLOCK_TOKENS, SimLLM
+from teola_adapters.simulated.llm import SimLLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_benchmarks.agents.agent import AgentOutput, PlainBackend, TeolaBackend, run_agent
 from teola_benchmarks.agents.trace import AgentJob, Shape, make_jobs, mean_context_tokens
 from teola_benchmarks.stats import percentile

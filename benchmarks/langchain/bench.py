@@ -1,6 +1,6 @@
 """`teola bench --langchain EXAMPLE`: an example chain, plain LangChain vs `teola.optimize`.
 
-Latency mode: one set of simulated servers (`servers.SimServers`), one chain object,
+Latency mode: one set of simulated servers (`teola_adapters.simulated.servers`), one chain object,
 the same inputs for every system, run one system after the other:
 
 - `langchain`: `chain.ainvoke` per query, `concurrency` queries in flight (a closed
@@ -35,10 +35,10 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.runnables import Runnable
 
 import teola
+from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.cli import LANGCHAIN_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
-from teola_benchmarks.langchain.servers import Batching, SimServers
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
 

@@ -2,7 +2,7 @@
 
 Examples are QueryPipelines (`examples`, llama-index-core <= 0.12: QueryPipeline is
 gone from 0.13) or query engines (`query_engines`, both lines). One set of simulated
-servers (`teola_benchmarks.langchain.servers.SimServers`), one app object over one
+servers (`teola_adapters.simulated.servers.SimServers`), one app object over one
 index, the same questions for both systems, run one system after the other, each as a
 closed loop of `concurrency` workers (a worker starts its next query when its last one
 returns):
@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 
 import teola
+from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
-from teola_benchmarks.langchain.servers import Batching, SimServers
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
 from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES

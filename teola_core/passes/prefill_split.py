@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from teola_core.ir.graph import Graph, GraphEditor
-from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
+from teola_core.ir.kinds import DECODE_KINDS, Placement, PrimitiveKind, spec_of
 from teola_core.ir.node import ControlEdge, DataEdge, Node
 from teola_core.passes.base import Pass, PassContext
 
@@ -34,7 +34,6 @@ _OP = {
     PrimitiveKind.FULL_PREFILL: PrimitiveKind.PREFILL.value,
     PrimitiveKind.PARTIAL_DECODE: PrimitiveKind.DECODE.value,
 }
-_DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
 
 
 def estimated_latency(node: Node, ctx: PassContext) -> float:
@@ -46,7 +45,7 @@ def estimated_latency(node: Node, ctx: PassContext) -> float:
     if profile is None or op not in profile.curves:
         return 0.0
     seconds = profile.latency(op, node.items or 1)
-    if node.kind in _DECODES:
+    if node.kind in DECODE_KINDS:
         seconds *= max(1, int(node.config.get("max_tokens", 1)))
     return seconds
 

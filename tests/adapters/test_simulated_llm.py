@@ -7,36 +7,18 @@ import time
 from typing import Any
 
 import pytest
+from llm_nodes import decode_node, prefill_node
 
 from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
+from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.ops import decode_chunk
 
 PROMPT = " ".join(f"w{i}" for i in range(40))
-
-
-def prefill_node(kind: PrimitiveKind = PrimitiveKind.PREFILL) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", caps=spec.caps)
-
-
-def decode_node(max_tokens: int = 20, items: bool = False, **config: Any) -> Node:
-    outputs = [PortSpec("text", PortType.TEXT)] + ([PortSpec("items", PortType.ITEMS)] if items else [])
-    return Node(
-        "decode",
-        PrimitiveKind.DECODE,
-        (PortSpec("kv", PortType.KV),),
-        tuple(outputs),
-        engine="llm",
-        config={"max_tokens": max_tokens, **config},
-        caps=Capabilities(batchable=True),
-    )
 
 
 def ok(result: Any) -> Any:

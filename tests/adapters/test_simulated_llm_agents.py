@@ -7,40 +7,21 @@ import math
 from typing import Any
 
 import pytest
+from llm_nodes import decode_node, prefill_node
 
-from teola_adapters.simulated import SimClock, SimLLM, tokens_of
-from teola_adapters.simulated.llm import BLOCK_TOKENS, LLMStats, PrefixCache
+from teola_adapters.simulated import LLMStats, PrefixCache, SimClock, SimLLM, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_core.engines.protocol import Call
 from teola_core.engines.retention import KVRetention
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.split_units import Lines
-from teola_core.ir.types import KVHandle, PortType
+from teola_core.ir.types import KVHandle
 from teola_core.ops import decode_chunk
 
 
 def words(tag: str, n: int) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
-
-
-def prefill_node(kind: PrimitiveKind = PrimitiveKind.PREFILL, **config: Any) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", config=config, caps=spec.caps)
-
-
-def decode_node(max_tokens: int, kind: PrimitiveKind = PrimitiveKind.DECODE, **config: Any) -> Node:
-    outputs = (PortSpec("items", PortType.ITEMS),) if kind == PrimitiveKind.PARTIAL_DECODE else ()
-    return Node(
-        "decode",
-        kind,
-        (PortSpec("kv", PortType.KV),),
-        (PortSpec("text", PortType.TEXT), *outputs),
-        engine="llm",
-        config={"max_tokens": max_tokens, **config},
-        caps=Capabilities(batchable=True),
-    )
 
 
 async def prefill(llm: SimLLM, prompt: str, **config: Any) -> KVHandle:

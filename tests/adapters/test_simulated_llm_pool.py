@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from teola_adapters.simulated import SimLLM
-from teola_adapters.simulated.llm import BLOCK_TOKENS
 from teola_adapters.simulated.paper_profiles import LLM
-from teola_benchmarks.virtual_time import run_virtual
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node

@@ -8,9 +8,9 @@ import statistics
 import pytest
 
 from teola.cli import main
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_benchmarks.agents.bench import bench_agents, features_of, system_names
 from teola_benchmarks.agents.trace import TOOL_P50_S, TOOL_P90_S, Shape, make_jobs, tool_seconds
-from teola_benchmarks.virtual_time import run_virtual
 from teola_core.agents import AgentFeatures
 
 SMALL = Shape(
