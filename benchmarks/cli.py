@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from teola_benchmarks.harness import BenchResult, bench, simulated_engines
+from teola_benchmarks.harness import CLOCKS, BenchResult, run_bench, simulated_engines, speedups
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
@@ -25,16 +25,23 @@ LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_que
 
 
 def add_bench_command(commands: Any) -> None:
-    p = commands.add_parser("bench", help="compare Teola with the paper's baselines on simulated engines")
+    p = commands.add_parser("bench", help="compare Teola with today's and the paper's baselines")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag")
     p.add_argument("--rate", type=float, default=0.5, help="Poisson arrival rate, queries per second")
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
     p.add_argument("--queries", type=int, default=None, help="queries per system (default 40; 16 with --langchain)")
     p.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default=None,
+        help="--workload: virtual (default on simulated engines: exact, repeatable, seconds to run, "
+        "immune to CPU load) or real (wall clock; always with --engines local-real)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=None,
-        help="multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
+        help="real clock only: multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
     p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
@@ -42,8 +49,8 @@ def add_bench_command(commands: Any) -> None:
         "--seeds",
         type=str,
         default=None,
-        help="--workload: comma-separated seeds (instead of --seed), one run per seed and rate "
-        "(one run is one arrival draw)",
+        help="--workload: comma-separated seeds (instead of --seed): one arrival sequence each, "
+        "summarised together (mean over all, and each seed's)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
@@ -93,10 +100,10 @@ def add_bench_command(commands: Any) -> None:
         default="dynamic",
         help="--langchain/--llamaindex: how the embedding/rerank servers batch concurrent requests",
     )
-    p.set_defaults(handler=run_bench)
+    p.set_defaults(handler=bench_command)
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def bench_command(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.langchain, args.llamaindex, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex and --agents are exclusive")
     if args.seeds and (args.langchain or args.llamaindex or args.agents or args.overhead):
@@ -108,10 +115,20 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_langchain_bench(args)
     if args.llamaindex:
         return run_llamaindex_bench(args)
+    return run_workload_bench(args)
+
+
+def run_workload_bench(args: argparse.Namespace) -> int:
+    """`--workload NAME`: the paper's workloads, Teola against every baseline."""
     real = args.engines == "local-real"
+    clock = args.clock or ("real" if real else "virtual")
+    if real and clock == "virtual":
+        raise SystemExit("teola bench: --engines local-real runs in real time; use --clock real")
+    if clock == "virtual" and args.time_scale is not None and not args.overhead:
+        raise SystemExit("teola bench: --time-scale is for --clock real (the virtual clock needs none)")
     args.queries = (4 if real else 40) if args.queries is None else args.queries
-    args.time_scale = (1.0 if real else 0.1) if args.time_scale is None else args.time_scale
-    if real and args.time_scale != 1.0:
+    time_scale = args.time_scale if args.time_scale is not None else 1.0 if real or clock == "virtual" else 0.1
+    if real and time_scale != 1.0:
         raise SystemExit("teola bench: --engines local-real runs in real time; --time-scale must be 1")
     workload = WORKLOADS[args.workload]
     if args.overhead:
@@ -125,7 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"{result.seconds:.2f} s: {result.dispatches_per_s:,.0f} dispatches/s on one core"
             )
         return 0
-    if args.time_scale <= 0:
+    if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency engines)")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -133,26 +150,21 @@ def run_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    if args.plot and len(seeds) > 1:
-        raise SystemExit("teola bench: --plot draws one arrival sequence; give one seed")
     results = [
-        asyncio.run(
-            bench(
-                workload,
-                rate=rate,
-                queries=args.queries,
-                time_scale=args.time_scale,
-                systems=systems,
-                seed=seed,
-                make_engines=real_engines if real else simulated_engines,
-            )
+        run_bench(
+            workload,
+            clock=clock,
+            time_scale=time_scale,
+            rate=rate,
+            queries=args.queries,
+            systems=systems,
+            seeds=seeds,
+            make_engines=real_engines if real else simulated_engines,
         )
         for rate in rates
-        for seed in seeds
     ]
     if args.json:
-        # The documented one-run object; several seeds also name each run's seed.
-        payload = [{**r.to_json(), "seed": r.seed} if len(seeds) > 1 else r.to_json() for r in results]
+        payload = [r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload))
     else:
         console = Console()
@@ -308,15 +320,28 @@ def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[s
 
 
 def _table(result: BenchResult) -> Table:
+    """Teola, today's baselines, then the paper's (labelled); each baseline's mean and p99 over Teola's."""
+    seeds = ",".join(map(str, result.seeds))
+    best = result.best_baseline()
+    headline = ""
+    if "teola" in result.systems and best is not None:
+        headline = (
+            f"\nTeola vs the best baseline ({best}): {speedups(result)[best]:.2f}x mean, "
+            f"{speedups(result, 'p99_s')[best]:.2f}x p99"
+        )
     table = Table(
-        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed {result.seed} "
-        f"(critical path {result.critical_path_s:.2f} s)"
+        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed(s) {seeds}, "
+        f"{result.clock} clock (critical path {result.critical_path_s:.2f} s){headline}"
     )
-    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
+    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola", "p99 vs teola"):
         table.add_column(column, justify="right" if column != "system" else "left")
-    teola = result.systems.get("teola")
-    for name, r in result.systems.items():
-        s = r.summary()
-        ratio = f"{s['mean_s'] / teola.summary()['mean_s']:.2f}x" if teola else "-"
-        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
+    ratios = speedups(result) if "teola" in result.systems else {}
+    tails = speedups(result, "p99_s") if "teola" in result.systems else {}
+    order = sorted(result.systems, key=lambda n: (n != "teola", SYSTEMS[n].paper))
+    for name in order:
+        s = result.summary(name)
+        label = f"{name} (paper)" if SYSTEMS[name].paper else name
+        mean_ratio = f"{ratios[name]:.2f}x" if name in ratios else "-"
+        tail_ratio = f"{tails[name]:.2f}x" if name in tails else "-"
+        table.add_row(label, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", mean_ratio, tail_ratio)
     return table

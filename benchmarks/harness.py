@@ -1,21 +1,29 @@
-"""The benchmark harness: Poisson arrivals, every system on fresh engines, one run.
+"""The benchmark harness: Poisson arrivals, every system on fresh engines, side by side.
 
-Each system gets its own fresh simulated engines (same profiles, same fake model) and
-the same query sequence with the same arrival times, so the ratios between systems are
-measured side by side. Latency is end to end per query, from its arrival to its
-answer, including Teola's own graph building and passes, reported in unscaled seconds.
+    result = run_bench(WORKLOADS["advanced_rag"], rate=0.5, queries=40, seeds=(0, 1, 2, 3))
+    result.summary("teola")["mean_s"], result.best_baseline(), result.to_json()
+
+Each system gets fresh engines (same profiles, same fake model) and, per seed, the same
+arrival times, so ratios are measured side by side. Latency is per query, from arrival
+to answer. On the virtual clock (the default for simulated engines) only the engines'
+modelled time passes: a run is exact, repeatable and immune to CPU load, and Teola's
+own CPU time counts as zero (`teola bench --overhead` measures it). On the real clock
+everything counts, including CPU contention, scaled by `1 / time_scale`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 from itertools import pairwise
+from typing import Any
 
 from teola_adapters.simulated.paper_profiles import paper_engines
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_benchmarks.stats import summarize
 from teola_benchmarks.systems import SYSTEMS, System
 from teola_benchmarks.workloads import Workload
@@ -26,6 +34,15 @@ from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
 from teola_core.runtime.base import PrimitiveSpan
 from teola_core.runtime.local import LocalRuntime
+
+CLOCKS = ("virtual", "real")
+
+EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
+"""(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
+
+
+def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
+    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
 
 
 @dataclass
@@ -39,20 +56,55 @@ class SystemResult:
 
 @dataclass
 class BenchResult:
+    """One workload at one rate: every system's run for each seed (arrival sequence)."""
+
     workload: str
     rate: float
     queries: int
     critical_path_s: float
-    seed: int = 0
-    systems: dict[str, SystemResult] = field(default_factory=dict)
+    clock: str = "virtual"
+    runs: dict[int, dict[str, SystemResult]] = field(default_factory=dict)  # seed -> system -> run
 
-    def to_json(self) -> dict[str, object]:
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.runs)
+
+    @property
+    def systems(self) -> list[str]:
+        return list(next(iter(self.runs.values()), {}))
+
+    def summary(self, system: str) -> dict[str, float]:
+        """Mean, p50 and p99 over every seed's queries together."""
+        return summarize([x for runs in self.runs.values() for x in runs[system].latencies])
+
+    def by_seed(self, system: str) -> dict[int, dict[str, float]]:
+        return {seed: runs[system].summary() for seed, runs in self.runs.items()}
+
+    def best_baseline(self) -> str | None:
+        """The system other than Teola with the lowest mean latency (modern or paper)."""
+        others = [name for name in self.systems if name != "teola"]
+        return min(others, key=lambda name: self.summary(name)["mean_s"], default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        systems: dict[str, Any] = {}
+        for name in self.systems:
+            per_seed = self.by_seed(name)
+            means = [s["mean_s"] for s in per_seed.values()]
+            systems[name] = {
+                **self.summary(name),
+                "paper": SYSTEMS[name].paper,
+                "mean_s_range": [min(means), max(means)],
+                "by_seed": {str(seed): s for seed, s in per_seed.items()},
+            }
         return {
             "workload": self.workload,
             "rate": self.rate,
             "queries": self.queries,
+            "seeds": self.seeds,
+            "clock": self.clock,
             "critical_path_s": self.critical_path_s,
-            "systems": {name: r.summary() for name, r in self.systems.items()},
+            "best_baseline": self.best_baseline(),
+            "systems": systems,
         }
 
 
@@ -74,12 +126,10 @@ class _Spans:
         self.spans.append(span)
 
 
-EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
-"""(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
-
-
-def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
-    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
+def _runtime(engines: EngineSet, system: System) -> LocalRuntime:
+    return LocalRuntime(
+        engines, policy=system.policy, max_batch=system.max_batch(), clock=asyncio.get_running_loop().time
+    )
 
 
 async def run_system(
@@ -91,7 +141,7 @@ async def run_system(
 ) -> SystemResult:
     """Run every query of the sequence on a fresh runtime configured as `system`."""
     engines = make_engines(time_scale, system.prefix_cache, workload.model)
-    runtime = LocalRuntime(engines, policy=system.policy, max_batch=system.max_batch())
+    runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
     ctx = PassContext(profiles=engines.profiles())
     template = workload.template(time_scale)
@@ -127,7 +177,7 @@ async def critical_path(
     """
     system = SYSTEMS["teola"]
     engines = make_engines(time_scale, True, workload.model)
-    runtime = LocalRuntime(engines, policy=system.policy, clock=asyncio.get_running_loop().time)
+    runtime = _runtime(engines, system)
     spans = _Spans()
     runtime.add_hook(spans)
     query = workload.make_query(query_index)
@@ -168,18 +218,44 @@ async def bench(
     *,
     rate: float,
     queries: int,
-    time_scale: float,
+    time_scale: float = 1.0,
     systems: Sequence[str] = tuple(SYSTEMS),
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
+    clock: str = "virtual",
     make_engines: EngineFactory = simulated_engines,
 ) -> BenchResult:
-    arrivals = arrival_times(rate, queries, seed)
+    """Every system on every seed's arrivals, on the running loop (`clock` only labels it)."""
     cp = await critical_path(workload, time_scale, make_engines=make_engines)
-    result = BenchResult(workload.name, rate, queries, cp, seed)
-    for name in systems:
-        result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
-    reference = next(iter(result.systems.values())).outputs
-    for name, r in result.systems.items():
-        if r.outputs != reference:
-            raise AssertionError(f"system {name!r} returned different answers than {systems[0]!r}")
+    result = BenchResult(workload.name, rate, queries, cp, clock)
+    for seed in seeds:
+        arrivals = arrival_times(rate, queries, seed)
+        runs = result.runs[seed] = {}
+        for name in systems:
+            runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
+        reference = runs[systems[0]].outputs
+        for name, r in runs.items():
+            if r.outputs != reference:
+                raise AssertionError(f"system {name!r} returned different answers than {systems[0]!r}")
     return result
+
+
+def run_bench(workload: Workload, *, clock: str = "virtual", time_scale: float = 1.0, **options: Any) -> BenchResult:
+    """`bench` on a fresh event loop: virtual (exact, time scale 1) or real."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    if clock == "virtual":
+        if time_scale != 1.0:
+            raise ValueError("the virtual clock needs no time scale: it must be 1")
+        return run_virtual(bench(workload, clock=clock, time_scale=1.0, **options))
+    return asyncio.run(bench(workload, clock=clock, time_scale=time_scale, **options))
+
+
+def speedups(result: BenchResult, stat: str = "mean_s") -> dict[str, float]:
+    """Each baseline's `stat` over Teola's (> 1: Teola is faster)."""
+    teola = result.summary("teola")[stat]
+    return {name: result.summary(name)[stat] / teola for name in result.systems if name != "teola"}
+
+
+def mean_spread(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard deviation (0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

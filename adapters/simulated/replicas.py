@@ -4,11 +4,13 @@
     engines = EngineSet().add(llm)   # graphs target "llm"; each call runs on one instance
 
 Each instance keeps its own queue, step loop and caches, as two vLLM servers do. The
-routing rule: a call that carries a `KVHandle` (a decode, a full prefill) goes to the
-instance that made the handle, since its KV lives there; any other call goes to the
-instance with the fewest calls in flight, ties to the one after the last chosen (round
-robin), as a least-request load balancer in front of vLLM servers routes. The rule is
-the same for every system a benchmark compares; it does not look at prefix caches.
+routing rule, as a least-request load balancer in front of vLLM servers routes: a decode
+goes to the instance that made its `kv` handle (its KV lives there); any other call to
+the instance with the fewest calls in flight, ties to the one after the last chosen
+(round robin). A full prefill is such a call: it lands where its partial prefill ran only
+if that instance is among the least loaded (then it is preferred), and elsewhere starts
+without the partial's KV (`prefix_kv` dropped), as a warm-up request's prefix helps only
+the server that holds it. The rule is the same for every system a benchmark compares.
 """
 
 from __future__ import annotations
@@ -54,19 +56,33 @@ class SimReplicas(Engine):
 
     def route(self, call: Call) -> int:
         """The instance that runs `call` (see the module docstring)."""
-        for value in call.inputs.values():
-            if isinstance(value, KVHandle):
-                if value.engine not in self._by_name:
-                    raise ValueError(
-                        f"{self.name}: {call.node.describe()} carries a KV handle of engine {value.engine!r}, "
-                        f"not of an instance of this engine ({', '.join(self._by_name)})"
-                    )
-                return self._by_name[value.engine]
+        kv = call.inputs.get("kv")
+        if isinstance(kv, KVHandle):
+            return self._owner(call, kv)
         n = len(self.instances)
         order = [(self._cursor + k) % n for k in range(n)]
-        chosen = min(order, key=self._load.__getitem__)
+        least = min(self._load)
+        prefix = call.inputs.get("prefix_kv")
+        if isinstance(prefix, KVHandle) and prefix.engine in self._by_name:
+            order.insert(0, self._by_name[prefix.engine])  # preferred among the least loaded
+        chosen = next(i for i in order if self._load[i] == least)
         self._cursor = (chosen + 1) % n
         return chosen
+
+    def _owner(self, call: Call, kv: KVHandle) -> int:
+        if kv.engine not in self._by_name:
+            raise ValueError(
+                f"{self.name}: {call.node.describe()} carries a KV handle of engine {kv.engine!r}, "
+                f"not of an instance of this engine ({', '.join(self._by_name)})"
+            )
+        return self._by_name[kv.engine]
+
+    def _for(self, home: int, call: Call) -> Call:
+        """The call as instance `home` gets it: without a partial prefill's KV it does not hold."""
+        prefix = call.inputs.get("prefix_kv")
+        if isinstance(prefix, KVHandle) and prefix.engine != self.instances[home].name:
+            return Call(call.query_id, call.node, {**call.inputs, "prefix_kv": None})
+        return call
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         results: list[CallResult] = [RuntimeError("not run")] * len(calls)
@@ -83,7 +99,7 @@ class SimReplicas(Engine):
 
         async def on(home: int, indices: list[int]) -> None:
             try:
-                out = await self.instances[home].run([calls[i] for i in indices])
+                out = await self.instances[home].run([self._for(home, calls[i]) for i in indices])
             finally:
                 self._load[home] -= len(indices)
             for i, result in zip(indices, out, strict=True):

@@ -50,6 +50,7 @@ batch (or task) began, ended = its result came back.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import weakref
 from collections import deque
@@ -102,6 +103,19 @@ def default_max_batch(engine: Engine, tolerance: float = 0.1) -> int | None:
                 efficient = engine.profile.max_efficient_batch(op, tolerance)
                 return efficient if hard is None else min(efficient, hard)
     return hard
+
+
+def default_batch_cost(engine: Engine, hard_limit: int | None) -> Callable[[int], float] | None:
+    """An engine's batch latency by items: its profile's curve for its main op, `inf` past
+    `hard_limit` (None: no profile, so batches are formed by size)."""
+    if engine.profile is None:
+        return None
+    profile = engine.profile
+    kinds = {k.value for k in engine.kinds}
+    op = next((op for op in _BATCH_OPS if op in profile.curves and (not kinds or op in kinds)), None)
+    if op is None:
+        return None
+    return lambda items: math.inf if hard_limit is not None and items > hard_limit else profile.latency(op, items)
 
 
 class _Stream:
@@ -171,16 +185,18 @@ class LocalRuntime(Runtime):
         self._schedulers: dict[str, EngineScheduler] = {}
         for name, engine in engines.engines.items():
             limit = default_max_batch(engine)
+            hard = engine.limits.max_batch_items
             if name in overrides:
                 limit = overrides[name]
-                hard = engine.limits.max_batch_items
                 limit = hard if limit is None else limit if hard is None else min(limit, hard)
+                hard = limit
             self._schedulers[name] = EngineScheduler(
                 name,
                 policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
                 max_batch_items=limit,
                 concurrency=engine.limits.concurrency,
                 instances=engine.limits.instances,
+                batch_cost=default_batch_cost(engine, hard),
             )
         self._queries: dict[str, _QueryRun] = {}
         self._batches: dict[tuple[str, int], _BatchRun] = {}

@@ -14,6 +14,8 @@ State:
                invocation per engine instance)
     max batch  the most items a batch carries: the engine's max efficient batch (a node
                larger than it runs alone); the policy may narrow it (po: 1, to: fixed)
+    batch cost the engine's batch latency by items (optional): topology lets a node
+               past the max batch ride along when it is cheap there (see `policies`)
 
 Transitions: `NodeReady` queues a node; `BatchFinished` frees its slot;
 `QueryCancelRequested` drops the query's pending nodes (a batch already running is the
@@ -37,7 +39,7 @@ from teola_core.scheduler.events import (
     RunBatch,
     SchedulerError,
 )
-from teola_core.scheduler.policies import Policy, make_policy
+from teola_core.scheduler.policies import BatchCost, Policy, make_policy
 
 
 class EngineScheduler:
@@ -49,6 +51,7 @@ class EngineScheduler:
         max_batch_items: int | None = None,
         concurrency: int = 1,
         instances: int = 1,
+        batch_cost: BatchCost | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"engine {engine!r}: concurrency must be at least 1, got {concurrency}")
@@ -57,6 +60,7 @@ class EngineScheduler:
         self.engine = engine
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_batch_items = max_batch_items
+        self.batch_cost = batch_cost
         self.concurrency = self.policy.slots(concurrency, instances)
         self._running: dict[int, RunBatch] = {}
         self._ids = count()
@@ -84,7 +88,7 @@ class EngineScheduler:
         actions: list[RunBatch] = []
         limit = self.policy.limit(self.max_batch_items)
         while len(self._running) < self.concurrency and len(self.policy):
-            batch = self.policy.take(limit)
+            batch = self.policy.take(limit, self.batch_cost)
             run = RunBatch(
                 engine=self.engine,
                 batch_id=next(self._ids),

@@ -10,6 +10,7 @@ from llm_nodes import decode_node, prefill_node
 from teola_adapters.simulated import SimLLM, SimReplicas, run_virtual
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
+from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
 
 PROMPT = " ".join(f"w{i}" for i in range(40))
@@ -86,3 +87,38 @@ def test_a_foreign_handle_fails_its_call_alone() -> None:
 def test_names_must_be_distinct() -> None:
     with pytest.raises(ValueError, match="distinct"):
         SimReplicas([SimLLM(LLM, name="llm"), SimLLM(LLM, name="llm#1")], name="llm")
+
+
+def full_prefill(prompt: str, prefix_kv: KVHandle) -> Call:
+    return Call("q", prefill_node(PrimitiveKind.FULL_PREFILL), {"prompt": prompt, "prefix_kv": prefix_kv})
+
+
+def partial_prefill(prefix: str) -> Call:
+    return Call("q", prefill_node(PrimitiveKind.PARTIAL_PREFILL), {"prefix": prefix})
+
+
+def test_a_full_prefill_joins_its_partial_when_that_instance_is_among_the_least_loaded() -> None:
+    async def main() -> tuple[str, int]:
+        llm = two()
+        partial = (await llm.run_one(partial_prefill(PROMPT)))["kv"]  # llm#0; the cursor moves to llm#1
+        full = (await llm.run_one(full_prefill(PROMPT + " and the rest", partial)))["kv"]
+        return full.engine, llm.stats.handle_hit_tokens + llm.stats.cache_hit_tokens
+
+    owner, reused = asyncio.run(main())
+    assert owner == "llm#0" and reused == 40  # the partial's 40 tokens, not computed again
+
+
+def test_a_full_prefill_goes_elsewhere_without_the_partials_kv_when_its_instance_is_busy() -> None:
+    async def main() -> tuple[str, str, int]:
+        llm = two(time_scale=1.0)
+        partial = (await llm.run_one(partial_prefill(PROMPT)))["kv"]  # llm#0
+        kv = (await llm.run_one(prefill(PROMPT + " other")))["kv"]  # llm#1
+        busy = asyncio.ensure_future(llm.run_one(Call("q", decode_node(50), {"kv": partial})))  # llm#0 decodes
+        await asyncio.sleep(0.1)
+        full = (await llm.run_one(full_prefill(PROMPT + " and the rest", partial)))["kv"]
+        await busy
+        second = llm.instances[1].stats
+        return kv.engine, full.engine, second.handle_hit_tokens
+
+    other, owner, reused_there = run_virtual(main())
+    assert (other, owner) == ("llm#1", "llm#1") and reused_there == 0  # computed there from its own cache

@@ -33,7 +33,7 @@ from teola_examples.common import corpus, format_docs, questions
 from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.openai_server import openai_compatible
 
-SYSTEM = "You are a careful assistant for a documentation search engine. Answer in plain words. " * 2
+SYSTEM = "You are a careful assistant for a documentation search engine. Answer in plain words. " * 5
 # The retriever's embedder has a profile, so the prefill-split pass sees `context` arrive
 # later than `question` and prefills the prompt's start while retrieval runs.
 PROFILES = {"embed:OpenAIEmbeddings": EMBEDDER, "llm:ChatOpenAI": LLM, "llm:OpenAI": LLM}
