@@ -95,6 +95,19 @@ def add_bench_command(commands: Any) -> None:
         "--agents: concurrent agents (default 32; 4 with --engines local-real)",
     )
     p.add_argument(
+        "--kv-pool",
+        type=float,
+        default=None,
+        help="--agents: the KV pool as a share of the agents' live contexts (default 0.33)",
+    )
+    p.add_argument(
+        "--kv-pool-tokens",
+        type=str,
+        default=None,
+        help="--agents: a fixed KV pool in tokens, the same for any agent count ('h100': an 80 GB H100's, "
+        "~491k tokens beside an 8B model)",
+    )
+    p.add_argument(
         "--batching",
         choices=("dynamic", "request"),
         default="dynamic",
@@ -238,7 +251,7 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     if args.engines == "local-real":
         return run_agents_llamacpp_bench(args)
     from teola_adapters.simulated.virtual_time import run_virtual
-    from teola_benchmarks.agents.bench import bench_agents, system_names
+    from teola_benchmarks.agents.bench import H100_KV_TOKENS, POOL_FRACTION, bench_agents, system_names
 
     concurrency = 32 if args.concurrency is None else args.concurrency
     if concurrency < 1:
@@ -247,16 +260,34 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0")
     systems = system_names() if args.systems == ",".join(SYSTEMS) else tuple(s.strip() for s in args.systems.split(","))
+    if args.kv_pool is not None and args.kv_pool_tokens is not None:
+        raise SystemExit("teola bench: give --kv-pool or --kv-pool-tokens, not both")
+    pool_tokens = None
+    if args.kv_pool_tokens is not None:
+        text = args.kv_pool_tokens.strip().lower()
+        if text != "h100" and not text.isdigit():
+            raise SystemExit(f"teola bench: --kv-pool-tokens takes a number of tokens or 'h100', not {text!r}")
+        pool_tokens = H100_KV_TOKENS if text == "h100" else int(text)
     try:
         result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
-            bench_agents(concurrency=concurrency, time_scale=time_scale, seed=args.seed, systems=systems)
+            bench_agents(
+                concurrency=concurrency,
+                time_scale=time_scale,
+                seed=args.seed,
+                systems=systems,
+                pool_fraction=POOL_FRACTION if args.kv_pool is None else args.kv_pool,
+                pool_tokens=pool_tokens,
+            )
         )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    title = f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens (answers identical)"
+    title = (
+        f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens "
+        f"({result.kv_pool_fraction:.2f} of their live contexts; answers identical)"
+    )
     columns = {"recomputed prefill": "recomputed_prefill_tokens", "prefix hit rate": "prefix_hit_rate"}
     table = _agents_table(title, columns, {name: r.summary() for name, r in result.systems.items()})
     Console().print(table)
