@@ -7,7 +7,12 @@ the same inputs for every system, run one system after the other:
   loop: a worker starts the next query when its last one returns);
 - `langchain_abatch`: `chain.abatch` on `concurrency` queries at a time (each query's
   latency is its batch call's, which is when the caller gets it);
+- `langchain_<spelling>`: for an example that names other ways to write the same chain
+  (`PLAIN_SPELLINGS`, e.g. `assign_pipeline`'s one `.assign(a=..., b=..., c=...)`), that
+  chain, plain, driven like `langchain`;
 - `teola`: `teola.optimize(chain, **example options)`, driven like `langchain`.
+
+The headline is Teola against the best of the plain systems (`best_baseline`).
 
 Before each system a warm-up query (not among the measured ones) runs alone, untimed
 (connections, threads); then, on an emptied prefix cache, the same query runs alone
@@ -79,11 +84,15 @@ def bench_langchain(
     warmup, measured = inputs[0], inputs[1:]
     with SimServers(time_scale=time_scale, batching=batching) as servers:
         llm, embeddings = openai_models(servers.base_url)
-        chain = module.build_chain(llm, embeddings, corpus=corpus(), reranker=HTTPReranker(servers.base_url))
+        parts = {"corpus": corpus(), "reranker": HTTPReranker(servers.base_url)}
+        chain = module.build_chain(llm, embeddings, **parts)
+        spellings = {
+            name: build(llm, embeddings, **parts) for name, build in getattr(module, "PLAIN_SPELLINGS", {}).items()
+        }
         fast = teola.optimize(chain, **{**module.OPTIMIZE_OPTIONS, **(options or {})})
         try:
             latencies, answers, alone = asyncio.run(
-                _measure(chain, fast, warmup, measured, concurrency, servers.root_url)
+                _measure(chain, fast, warmup, measured, concurrency, servers.root_url, spellings)
             )
         finally:
             fast.close()
@@ -105,14 +114,24 @@ async def _measure(
     inputs: Sequence[Any],
     concurrency: int,
     root_url: str,
+    spellings: dict[str, Runnable[Any, Any]],
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
     latencies: dict[str, list[float]] = {}
     answers: dict[str, list[Any]] = {}
     alone: dict[str, float] = {}
+    systems: dict[str, Runnable[Any, Any]] = {
+        "langchain": chain,
+        "langchain_abatch": chain,
+        **{f"langchain_{name}": spelled for name, spelled in spellings.items()},
+        "teola": fast,
+    }
     runs: dict[str, Callable[[], Awaitable[tuple[list[float], list[Any]]]]] = {
-        "langchain": lambda: _closed_loop(chain, inputs, concurrency),
-        "langchain_abatch": lambda: _batches(chain, inputs, concurrency),
-        "teola": lambda: _closed_loop(fast, inputs, concurrency),
+        name: (
+            (lambda r=runnable: _batches(r, inputs, concurrency))
+            if name == "langchain_abatch"
+            else (lambda r=runnable: _closed_loop(r, inputs, concurrency))
+        )
+        for name, runnable in systems.items()
     }
     async with httpx.AsyncClient() as admin:
 
@@ -120,7 +139,7 @@ async def _measure(
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
 
         for name, run in runs.items():
-            system = fast if name == "teola" else chain
+            system = systems[name]
             await system.ainvoke(warmup)  # connections, threads, the runtime: not timed
             await reset()
             began = time.perf_counter()
