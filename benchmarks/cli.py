@@ -360,9 +360,13 @@ def _table(result: BenchResult) -> Table:
             f"\nTeola vs the best baseline ({best}): {speedups(result)[best]:.2f}x mean, "
             f"{speedups(result, 'p99_s')[best]:.2f}x p99"
         )
+    bound = result.queueing_bound_s()
+    limits = f"critical path {result.critical_path_s:.2f} s"
+    if bound is not None and result.busiest is not None:
+        limits += f", queueing bound {bound:.2f} s ({result.busiest[0]}: {result.busiest[1]:.2f} s a query)"
     table = Table(
         title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed(s) {seeds}, "
-        f"{result.clock} clock (critical path {result.critical_path_s:.2f} s){headline}"
+        f"{result.clock} clock\n({limits}){headline}"
     )
     for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola", "p99 vs teola"):
         table.add_column(column, justify="right" if column != "system" else "left")

@@ -64,6 +64,8 @@ class BenchResult:
     critical_path_s: float
     clock: str = "virtual"
     runs: dict[int, dict[str, SystemResult]] = field(default_factory=dict)  # seed -> system -> run
+    busiest: tuple[str, float] | None = None  # the single-instance engine with most work per query, its seconds
+    arrivals: dict[int, list[float]] = field(default_factory=dict)  # seed -> arrival times
 
     @property
     def seeds(self) -> list[int]:
@@ -79,6 +81,19 @@ class BenchResult:
 
     def by_seed(self, system: str) -> dict[int, dict[str, float]]:
         return {seed: runs[system].summary() for seed, runs in self.runs.items()}
+
+    def queueing_bound_s(self) -> float | None:
+        """A lower bound on any system's mean latency: the critical path plus the mean wait at
+        the busiest single-instance engine, had each query's work there been one batch.
+
+        For equal jobs on one server, every work-conserving order gives the same sum of
+        completion times (first come, first served among them), so no scheduler can wait
+        less on average than a queue of `work` seconds per arrival.
+        """
+        if self.busiest is None:
+            return None
+        waits = [w for times in self.arrivals.values() for w in lindley_waits(times, self.busiest[1])]
+        return self.critical_path_s + statistics.fmean(waits) if waits else None
 
     def best_baseline(self) -> str | None:
         """The system other than Teola with the lowest mean latency (modern or paper)."""
@@ -104,6 +119,9 @@ class BenchResult:
             "clock": self.clock,
             "critical_path_s": self.critical_path_s,
             "best_baseline": self.best_baseline(),
+            "queueing_bound": None
+            if self.busiest is None
+            else {"engine": self.busiest[0], "work_s": self.busiest[1], "mean_s": self.queueing_bound_s()},
             "systems": systems,
         }
 
@@ -116,6 +134,32 @@ def arrival_times(rate: float, n: int, seed: int) -> list[float]:
         times.append(t)
         t += rng.expovariate(rate)
     return times
+
+
+def lindley_waits(arrivals: Sequence[float], work: float) -> list[float]:
+    """Each arrival's wait in a first-come-first-served queue of `work` seconds per job."""
+    waits, free = [], 0.0
+    for at in arrivals:
+        waits.append(max(0.0, free - at))
+        free = max(free, at) + work
+    return waits
+
+
+def busiest_engine(graph: Graph, engines: EngineSet) -> tuple[str, float] | None:
+    """The single-instance engine with the most profiled work for one query's graph, and that
+    work as if each op's items ran in one batch (the least it can take)."""
+    items: dict[tuple[str, str], int] = {}
+    for node in graph.nodes.values():
+        engine = engines.engines.get(node.engine) if node.engine is not None else None
+        if engine is None or engine.profile is None or engine.limits.concurrency != 1:
+            continue
+        if node.kind.value in engine.profile.curves:
+            key = (node.engine, node.kind.value)
+            items[key] = items.get(key, 0) + (node.items or 1)
+    work: dict[str, float] = {}
+    for (name, op), n in items.items():
+        work[name] = work.get(name, 0.0) + engines[name].profile.latency(op, n)  # type: ignore[union-attr]
+    return max(work.items(), key=lambda kv: kv[1], default=None)
 
 
 class _Spans:
@@ -166,14 +210,15 @@ async def run_system(
 
 async def critical_path(
     workload: Workload, time_scale: float, query_index: int = 0, make_engines: EngineFactory = simulated_engines
-) -> float:
+) -> tuple[float, tuple[str, float] | None]:
     """The e-graph's critical-path lower bound for one query, in unscaled seconds.
 
     The query runs alone on Teola's configuration; each primitive's service time (its
     span from start to end) weighs its node. Besides the graph's edges, primitives that
     ran one after another on a single-instance engine are ordered too (stages of one
     split share the embedder), so the bound respects the engines the run had; it leaves
-    out only waiting and dispatch gaps.
+    out only waiting and dispatch gaps. Also: the busiest single-instance engine of that
+    graph and its least work per query (`busiest_engine`), in unscaled seconds.
     """
     system = SYSTEMS["teola"]
     engines = make_engines(time_scale, True, workload.model)
@@ -191,7 +236,7 @@ async def critical_path(
     finally:
         await runtime.close()
         await engines.close()
-    return longest_path(graph, spans.spans, engines) / time_scale
+    return longest_path(graph, spans.spans, engines) / time_scale, busiest_engine(graph, engines)
 
 
 def longest_path(graph: Graph, spans: Sequence[PrimitiveSpan], engines: EngineSet) -> float:
@@ -225,10 +270,10 @@ async def bench(
     make_engines: EngineFactory = simulated_engines,
 ) -> BenchResult:
     """Every system on every seed's arrivals, on the running loop (`clock` only labels it)."""
-    cp = await critical_path(workload, time_scale, make_engines=make_engines)
-    result = BenchResult(workload.name, rate, queries, cp, clock)
+    cp, busiest = await critical_path(workload, time_scale, make_engines=make_engines)
+    result = BenchResult(workload.name, rate, queries, cp, clock, busiest=busiest)
     for seed in seeds:
-        arrivals = arrival_times(rate, queries, seed)
+        arrivals = result.arrivals[seed] = arrival_times(rate, queries, seed)
         runs = result.runs[seed] = {}
         for name in systems:
             runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
@@ -254,8 +299,3 @@ def speedups(result: BenchResult, stat: str = "mean_s") -> dict[str, float]:
     """Each baseline's `stat` over Teola's (> 1: Teola is faster)."""
     teola = result.summary("teola")[stat]
     return {name: result.summary(name)[stat] / teola for name in result.systems if name != "teola"}
-
-
-def mean_spread(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard deviation (0 for one value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
