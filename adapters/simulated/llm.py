@@ -17,14 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import count
 from typing import Any
 
 from teola_adapters._llm import common_prefix, decode_outputs
 from teola_adapters.simulated.clock import SimClock
-from teola_adapters.simulated.llm_state import DecodeSequence, LLMStats, PrefillJob, StepLoopState
+from teola_adapters.simulated.llm_state import (
+    DecodeSequence,
+    LLMStats,
+    PrefillJob,
+    StepLoopState,
+    pool_keys,
+    priority_of,
+    text_input,
+)
 from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS, PrefixCache
 from teola_adapters.simulated.text import pseudo_words, token_pieces, tokens_of
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
@@ -97,10 +104,10 @@ class SimLLM(Engine, KVRetention, KVPool):
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """The decode's text, token by token, each delta as its step ends."""
-        prompt, _, pieces = self._decode_text(call)
+        prompt, _, pieces = self._decodetext_input(call)
         st = self._loop_state()
         queue: asyncio.Queue[str | BaseException | None] = asyncio.Queue()
-        seq = DecodeSequence(prompt, pieces, keys=_pool_keys(call), queue=queue)
+        seq = DecodeSequence(prompt, pieces, keys=pool_keys(call), queue=queue)
         self._start_decode(st, seq)
         finished = False
         try:
@@ -135,7 +142,7 @@ class SimLLM(Engine, KVRetention, KVPool):
         cache is off, no whole block of `text` is cached, or the pins would exceed
         `max_pinned_fraction` of the cache.
         """
-        tokens = tokens_of(_text(text, "text"))
+        tokens = tokens_of(text_input(text, "text"))
         cache = self.cache
         if cache is None:
             return False
@@ -166,8 +173,8 @@ class SimLLM(Engine, KVRetention, KVPool):
         """Demote the cached blocks of `text` past the whole blocks of `keep` (shared ones stay)."""
         if self.cache is None:
             return
-        kept = len(tokens_of(_text(keep, "keep"))) // self.cache.block_tokens
-        self.cache.demote(self.cache.keys(tokens_of(_text(text, "text")))[kept:])
+        kept = len(tokens_of(text_input(keep, "keep"))) // self.cache.block_tokens
+        self.cache.demote(self.cache.keys(tokens_of(text_input(text, "text")))[kept:])
 
     def reload_seconds(self, text: str) -> float | None:
         """The profiled prefill time of `text` from nothing (unscaled seconds)."""
@@ -192,13 +199,13 @@ class SimLLM(Engine, KVRetention, KVPool):
         node = call.node
         if node.kind in PREFILL_KINDS:
             port = "prefix" if node.kind == PrimitiveKind.PARTIAL_PREFILL else "prompt"
-            prompt = _text(call.inputs[port], port)
+            prompt = text_input(call.inputs[port], port)
             tokens = tokens_of(prompt)
             held = 0
             if node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
-                prefix = _text(self._own(call.inputs["prefix_kv"]).prompt, "prefix_kv.prompt")
+                prefix = text_input(self._own(call.inputs["prefix_kv"]).prompt, "prefix_kv.prompt")
                 held = common_prefix(tokens_of(prefix), tokens)
-            priority = _priority(node.config.get("priority", 0))
+            priority = priority_of(node.config.get("priority", 0))
             st = self._loop_state()
             job = PrefillJob(tokens, held, node.kind != PrimitiveKind.PARTIAL_PREFILL, st.loop.create_future())
             heapq.heappush(st.waiting, (priority, next(st.arrivals), job))
@@ -206,15 +213,15 @@ class SimLLM(Engine, KVRetention, KVPool):
             await job.future
             return {"kv": KVHandle(self.name, prompt, tuple(job.keys or ()) if self.kv_pool else None)}
         if node.kind in DECODE_KINDS:
-            prompt, text, pieces = self._decode_text(call)
+            prompt, text, pieces = self._decodetext_input(call)
             st = self._loop_state()
             done: asyncio.Future[None] = st.loop.create_future()
-            self._start_decode(st, DecodeSequence(prompt, pieces, keys=_pool_keys(call), future=done))
+            self._start_decode(st, DecodeSequence(prompt, pieces, keys=pool_keys(call), future=done))
             await done
             return decode_outputs(node, text)
         raise TypeError(f"{self.name} runs LLM primitives, not {node.describe()}")
 
-    def _decode_text(self, call: Call) -> tuple[str, str, list[str]]:
+    def _decodetext_input(self, call: Call) -> tuple[str, str, list[str]]:
         """The KV handle's prompt, the decode's text and its pieces."""
         if call.node.kind not in DECODE_KINDS:
             raise TypeError(f"{self.name} can only stream decode primitives, not {call.node.describe()}")
@@ -222,7 +229,7 @@ class SimLLM(Engine, KVRetention, KVPool):
             raise KeyError(f"{call.node.describe()} has no `kv` input to decode from")
         kv = self._own(call.inputs["kv"])
         max_tokens = int(call.node.config.get("max_tokens", self.default_max_tokens))
-        prompt = _text(kv.prompt, "kv.prompt")
+        prompt = text_input(kv.prompt, "kv.prompt")
         text = self.generate(prompt, max_tokens)
         return prompt, text, token_pieces(text)
 
@@ -395,25 +402,3 @@ class SimLLM(Engine, KVRetention, KVPool):
             self.stats.handle_hit_tokens += held - cached
             self.stats.recomputed_tokens += recomputed
         return admitted, computed
-
-
-def _priority(value: Any) -> float:
-    """A node's `priority` config: a number (lower runs first)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"a prefill's priority must be a number, got {value!r}")
-    if math.isnan(value):
-        raise ValueError("a prefill's priority must be a number, got NaN")
-    return float(value)
-
-
-def _pool_keys(call: Call) -> tuple[int, ...] | None:
-    """The prompt's block keys a decode's KV handle carries (kv_pool mode), if any."""
-    kv = call.inputs.get("kv")
-    token = kv.token if isinstance(kv, KVHandle) else None
-    return token if isinstance(token, tuple) else None
-
-
-def _text(value: Any, port: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"the simulated LLM takes text prompts; {port} is {type(value).__name__}")
-    return value

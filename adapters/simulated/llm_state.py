@@ -1,11 +1,16 @@
-"""The simulated LLM's bookkeeping: its statistics and the step loop's requests and state."""
+"""The simulated LLM's bookkeeping: its statistics, the step loop's requests and state, call inputs."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from itertools import count
+from typing import Any
+
+from teola_core.engines.protocol import Call
+from teola_core.ir.types import KVHandle
 
 
 @dataclass
@@ -101,3 +106,25 @@ class StepLoopState:
     arrivals: count[int] = field(default_factory=count)
     running: list[DecodeSequence] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+
+
+def priority_of(value: Any) -> float:
+    """A node's `priority` config: a number (lower runs first)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"a prefill's priority must be a number, got {value!r}")
+    if math.isnan(value):
+        raise ValueError("a prefill's priority must be a number, got NaN")
+    return float(value)
+
+
+def pool_keys(call: Call) -> tuple[int, ...] | None:
+    """The prompt's block keys a decode's KV handle carries (kv_pool mode), if any."""
+    kv = call.inputs.get("kv")
+    token = kv.token if isinstance(kv, KVHandle) else None
+    return token if isinstance(token, tuple) else None
+
+
+def text_input(value: Any, port: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"the simulated LLM takes text prompts; {port} is {type(value).__name__}")
+    return value

@@ -1,28 +1,14 @@
 """`teola bench --langchain EXAMPLE`: an example chain, plain LangChain vs `teola.optimize`.
 
-Latency mode: one set of simulated servers (`teola_adapters.simulated.servers`), one chain object,
-the same inputs for every system, run one system after the other:
+    result = bench_langchain("assign_pipeline", queries=16, concurrency=4)
+    result.best_baseline(), result.speedups(), result.server["alone_s"]
 
-- `langchain`: `chain.ainvoke` per query, `concurrency` queries in flight (a closed
-  loop: a worker starts the next query when its last one returns);
-- `langchain_abatch`: `chain.abatch` on `concurrency` queries at a time (each query's
-  latency is its batch call's, which is when the caller gets it);
-- `langchain_<spelling>`: for an example that names other ways to write the same chain
-  (`PLAIN_SPELLINGS`, e.g. `assign_pipeline`'s one `.assign(a=..., b=..., c=...)`), that
-  chain, plain, driven like `langchain`;
-- `teola`: `teola.optimize(chain, **example options)`, driven like `langchain`.
-
-The headline is Teola against the best of the plain systems (`best_baseline`).
-
-Before each system a warm-up query (not among the measured ones) runs alone, untimed
-(connections, threads); then, on an emptied prefix cache, the same query runs alone
-again, timed: `alone_s` (in `server`), the floor of what the closed loop's mean can
-reach. The prefix cache is emptied again before the measured queries, so no system
-profits from another's cache. Every system's answers must equal LangChain's (else
-`AnswerMismatch`).
-
-Overhead mode: the same chain on zero-latency in-process fakes (`fakes.py`),
-`optimize(chain).invoke` against `chain.invoke`, sequentially, alternating rounds.
+Systems on one set of simulated servers, one after the other, the same inputs:
+`langchain` (`ainvoke`, a closed loop of `concurrency` workers), `langchain_abatch`,
+`langchain_<spelling>` for each of the example's `PLAIN_SPELLINGS` (the same chain written
+another way), and `teola`. Answers must equal LangChain's (`AnswerMismatch`). Overhead
+mode: `overhead_langchain` on zero-latency fakes. How each system is driven and what
+`alone_s` is: `docs/benchmarks.md`.
 """
 
 from __future__ import annotations
