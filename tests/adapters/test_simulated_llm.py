@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from llm_nodes import decode_node, prefill_node
 
-from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, token_pieces, tokens_of
+from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, run_virtual, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PortSpec, PrimitiveKind
@@ -238,7 +238,7 @@ def test_idle_engine_does_no_steps_and_close_fails_running_calls() -> None:
         llm = SimLLM(LLM, time_scale=1.0)
         kv = KVHandle("llm", PROMPT)
         task = asyncio.create_task(llm.run_one(Call("q", decode_node(100), {"kv": kv})))  # ~2.5 s of decoding
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.06)  # virtual time: steps of 25 ms began at 0, 0.025 and 0.05
         steps = llm.stats.steps
         await llm.close()
         with pytest.raises(RuntimeError, match="closed"):
@@ -249,8 +249,8 @@ def test_idle_engine_does_no_steps_and_close_fails_running_calls() -> None:
         await asyncio.sleep(0.02)  # event-driven: no step runs without work
         return steps, idle.stats.steps - before, await idle.close()
 
-    steps, idle_steps, _ = asyncio.run(main())
-    assert 1 <= steps <= 4 and idle_steps == 0
+    steps, idle_steps, _ = run_virtual(main())
+    assert steps == 3 and idle_steps == 0
 
 
 def test_engine_serves_one_loop_after_another_and_zero_scale_is_instant() -> None:

@@ -74,14 +74,14 @@ def test_a_prefill_waits_until_a_running_sequence_frees_its_blocks() -> None:
 
 
 def test_a_prefilled_handle_that_is_never_decoded_holds_nothing() -> None:
-    async def main() -> bool:
+    async def main() -> tuple[int, int]:
         llm = SimLLM(LLM, cache_tokens=10 * BLOCK_TOKENS, kv_pool=True)
         await _prefill(llm, words("a", 6 * BLOCK_TOKENS))  # abandoned (a cancelled query)
         await _prefill(llm, words("b", 6 * BLOCK_TOKENS))  # fits: nothing is in use
         await llm.close()
-        return True
+        return llm.stats.pool_waits, llm.stats.prefills
 
-    assert run_virtual(main())
+    assert run_virtual(main()) == (0, 2)  # admitted at once, never waiting for room
 
 
 def test_without_pool_mode_running_requests_take_no_room() -> None:
