@@ -363,7 +363,7 @@ def _table(result: BenchResult) -> Table:
     bound = result.queueing_bound_s()
     limits = f"critical path {result.critical_path_s:.2f} s"
     if bound is not None and result.busiest is not None:
-        limits += f", queueing bound {bound:.2f} s ({result.busiest[0]}: {result.busiest[1]:.2f} s a query)"
+        limits += f", queueing bound {bound:.2f} s ({result.busiest.engine}: {result.busiest.work_s:.2f} s a query)"
     table = Table(
         title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed(s) {seeds}, "
         f"{result.clock} clock\n({limits}){headline}"

@@ -9,7 +9,8 @@ from itertools import pairwise
 import pytest
 
 from teola.cli import main
-from teola_benchmarks.harness import arrival_times, run_bench
+from teola_adapters.simulated.paper_profiles import EMBEDDER
+from teola_benchmarks.harness import arrival_times, lindley_waits, run_bench
 from teola_benchmarks.overhead import measure_overhead
 from teola_benchmarks.stats import percentile, summarize
 from teola_benchmarks.systems import SYSTEMS
@@ -111,3 +112,16 @@ def test_poisson_arrivals_are_repeatable_and_have_the_rate() -> None:
 def test_percentiles() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert summarize([1.0, 3.0]) == {"mean_s": 2.0, "p50_s": 2.0, "p99_s": pytest.approx(2.98)}
+
+
+def test_lindley_waits_are_a_fcfs_queue() -> None:
+    assert lindley_waits([0.0, 0.5, 3.0, 3.2], work=1.0) == [0.0, 0.5, 0.0, 0.8]
+
+
+def test_no_system_beats_the_queueing_bound() -> None:
+    result = run_bench(WORKLOADS["naive_rag"], rate=1.0, queries=12, seeds=(0, 1))
+    assert result.busiest is not None and result.busiest.engine == "embedder"
+    assert result.busiest.work_s == pytest.approx(EMBEDDER.latency("embed", 49))  # 48 chunks + the question
+    bound = result.queueing_bound_s()
+    assert bound is not None and bound > result.critical_path_s  # the embedder queues at 1 q/s
+    assert all(result.summary(name)["mean_s"] >= bound for name in result.systems)
