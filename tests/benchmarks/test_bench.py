@@ -115,7 +115,7 @@ def test_percentiles() -> None:
 
 
 def test_lindley_waits_are_a_fcfs_queue() -> None:
-    assert lindley_waits([0.0, 0.5, 3.0, 3.2], work=1.0) == [0.0, 0.5, 0.0, 0.8]
+    assert lindley_waits([0.0, 0.5, 3.0, 3.2], work=1.0) == pytest.approx([0.0, 0.5, 0.0, 0.8])
 
 
 def test_no_system_beats_the_queueing_bound() -> None:
