@@ -35,13 +35,14 @@ def add_bench_command(commands: Any) -> None:
         choices=CLOCKS,
         default=None,
         help="--workload: virtual (default on simulated engines: exact, repeatable, seconds to run, "
-        "immune to CPU load) or real (wall clock; always with --engines local-real)",
+        "immune to CPU load) or real (wall clock; the default with --time-scale or --engines local-real)",
     )
     p.add_argument(
         "--time-scale",
         type=float,
         default=None,
-        help="real clock only: multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
+        help="real clock: multiplies every simulated latency (default 0.1; 0.5 with --langchain); "
+        "giving it selects the real clock",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
     p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
@@ -134,7 +135,7 @@ def bench_command(args: argparse.Namespace) -> int:
 def run_workload_bench(args: argparse.Namespace) -> int:
     """`--workload NAME`: the paper's workloads, Teola against every baseline."""
     real = args.engines == "local-real"
-    clock = args.clock or ("real" if real else "virtual")
+    clock = args.clock or ("real" if real or args.time_scale is not None else "virtual")  # a scale: real time
     if real and clock == "virtual":
         raise SystemExit("teola bench: --engines local-real runs in real time; use --clock real")
     if clock == "virtual" and args.time_scale is not None and not args.overhead:

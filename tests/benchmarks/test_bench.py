@@ -63,12 +63,14 @@ def test_the_virtual_clock_is_exact_and_repeatable(capsys: pytest.CaptureFixture
     )
     assert first == again
     with pytest.raises(SystemExit, match="--time-scale is for --clock real"):
-        main(["bench", "--workload", "naive_rag", "--time-scale", "0.1"])
+        main(["bench", "--workload", "naive_rag", "--clock", "virtual", "--time-scale", "0.1"])
 
 
 def test_the_real_clock_runs_scaled(capsys: pytest.CaptureFixture[str]) -> None:
     payload = _bench_json(capsys, "--clock", "real", "--time-scale", "0.002", "--systems", "teola")
     assert isinstance(payload, dict) and payload["clock"] == "real" and payload["systems"]["teola"]["mean_s"] > 0
+    implied = _bench_json(capsys, "--time-scale", "0.002", "--systems", "teola")  # a scale means real time
+    assert isinstance(implied, dict) and implied["clock"] == "real"
 
 
 def test_sweep_writes_a_plot(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
