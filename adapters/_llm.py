@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.kinds import DECODE_KINDS, PREFILL_KINDS, PrimitiveKind
+from teola_core.ir.kinds import LLM_KINDS as LLM_KINDS
 from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
 
-PREFILLS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
-DECODES = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
-LLM_KINDS = PREFILLS | DECODES
+# The engines' names for the kind sets, which are declared once, in `teola_core.ir.kinds`.
+PREFILLS, DECODES = PREFILL_KINDS, DECODE_KINDS
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from teola_benchmarks.harness import BenchResult, bench, simulated_engines
+from teola_benchmarks.harness import CLOCKS, BenchResult, run_bench, simulated_engines, speedups
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
@@ -25,16 +25,24 @@ LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_que
 
 
 def add_bench_command(commands: Any) -> None:
-    p = commands.add_parser("bench", help="compare Teola with the paper's baselines on simulated engines")
+    p = commands.add_parser("bench", help="compare Teola with today's and the paper's baselines")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag")
     p.add_argument("--rate", type=float, default=0.5, help="Poisson arrival rate, queries per second")
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
     p.add_argument("--queries", type=int, default=None, help="queries per system (default 40; 16 with --langchain)")
     p.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default=None,
+        help="--workload: virtual (default on simulated engines: exact, repeatable, seconds to run, "
+        "immune to CPU load) or real (wall clock; the default with --time-scale or --engines local-real)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=None,
-        help="multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
+        help="real clock: multiplies every simulated latency (default 0.1; 0.5 with --langchain); "
+        "giving it selects the real clock",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
     p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
@@ -42,8 +50,8 @@ def add_bench_command(commands: Any) -> None:
         "--seeds",
         type=str,
         default=None,
-        help="--workload: comma-separated seeds (instead of --seed), one run per seed and rate "
-        "(one run is one arrival draw)",
+        help="--workload: comma-separated seeds (instead of --seed): one arrival sequence each, "
+        "summarised together (mean over all, and each seed's)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
@@ -88,6 +96,19 @@ def add_bench_command(commands: Any) -> None:
         "--agents: concurrent agents (default 32; 4 with --engines local-real)",
     )
     p.add_argument(
+        "--kv-pool",
+        type=float,
+        default=None,
+        help="--agents: the KV pool as a share of the agents' live contexts (default 0.33)",
+    )
+    p.add_argument(
+        "--kv-pool-tokens",
+        type=str,
+        default=None,
+        help="--agents: a fixed KV pool in tokens, the same for any agent count ('h100': an 80 GB H100's, "
+        "~491k tokens beside an 8B model)",
+    )
+    p.add_argument(
         "--batching",
         choices=("dynamic", "request"),
         default="dynamic",
@@ -105,10 +126,10 @@ def add_bench_command(commands: Any) -> None:
         default=0.0,
         help="with --serve-overload: a soak at 1.5x capacity for this many minutes instead (not for CI)",
     )
-    p.set_defaults(handler=run_bench)
+    p.set_defaults(handler=bench_command)
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def bench_command(args: argparse.Namespace) -> int:
     if args.serve_overload:  # needs the serve extra and aiohttp: imported only here
         from teola_benchmarks.overload.report import run_from_args
 
@@ -124,10 +145,20 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_langchain_bench(args)
     if args.llamaindex:
         return run_llamaindex_bench(args)
+    return run_workload_bench(args)
+
+
+def run_workload_bench(args: argparse.Namespace) -> int:
+    """`--workload NAME`: the paper's workloads, Teola against every baseline."""
     real = args.engines == "local-real"
+    clock = args.clock or ("real" if real or args.time_scale is not None else "virtual")  # a scale: real time
+    if real and clock == "virtual":
+        raise SystemExit("teola bench: --engines local-real runs in real time; use --clock real")
+    if clock == "virtual" and args.time_scale is not None and not args.overhead:
+        raise SystemExit("teola bench: --time-scale is for --clock real (the virtual clock needs none)")
     args.queries = (4 if real else 40) if args.queries is None else args.queries
-    args.time_scale = (1.0 if real else 0.1) if args.time_scale is None else args.time_scale
-    if real and args.time_scale != 1.0:
+    time_scale = args.time_scale if args.time_scale is not None else 1.0 if real or clock == "virtual" else 0.1
+    if real and time_scale != 1.0:
         raise SystemExit("teola bench: --engines local-real runs in real time; --time-scale must be 1")
     workload = WORKLOADS[args.workload]
     if args.overhead:
@@ -141,7 +172,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"{result.seconds:.2f} s: {result.dispatches_per_s:,.0f} dispatches/s on one core"
             )
         return 0
-    if args.time_scale <= 0:
+    if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency engines)")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -149,26 +180,21 @@ def run_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    if args.plot and len(seeds) > 1:
-        raise SystemExit("teola bench: --plot draws one arrival sequence; give one seed")
     results = [
-        asyncio.run(
-            bench(
-                workload,
-                rate=rate,
-                queries=args.queries,
-                time_scale=args.time_scale,
-                systems=systems,
-                seed=seed,
-                make_engines=real_engines if real else simulated_engines,
-            )
+        run_bench(
+            workload,
+            clock=clock,
+            time_scale=time_scale,
+            rate=rate,
+            queries=args.queries,
+            systems=systems,
+            seeds=seeds,
+            make_engines=real_engines if real else simulated_engines,
         )
         for rate in rates
-        for seed in seeds
     ]
     if args.json:
-        # The documented one-run object; several seeds also name each run's seed.
-        payload = [{**r.to_json(), "seed": r.seed} if len(seeds) > 1 else r.to_json() for r in results]
+        payload = [r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload))
     else:
         console = Console()
@@ -241,8 +267,8 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     """`--agents`: trace-driven agents on the simulated LLM (see `teola_benchmarks.agents`)."""
     if args.engines == "local-real":
         return run_agents_llamacpp_bench(args)
-    from teola_benchmarks.agents.bench import bench_agents, system_names
-    from teola_benchmarks.virtual_time import run_virtual
+    from teola_adapters.simulated.virtual_time import run_virtual
+    from teola_benchmarks.agents.bench import H100_KV_TOKENS, POOL_FRACTION, bench_agents, system_names
 
     concurrency = 32 if args.concurrency is None else args.concurrency
     if concurrency < 1:
@@ -251,16 +277,34 @@ def run_agents_bench(args: argparse.Namespace) -> int:
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0")
     systems = system_names() if args.systems == ",".join(SYSTEMS) else tuple(s.strip() for s in args.systems.split(","))
+    if args.kv_pool is not None and args.kv_pool_tokens is not None:
+        raise SystemExit("teola bench: give --kv-pool or --kv-pool-tokens, not both")
+    pool_tokens = None
+    if args.kv_pool_tokens is not None:
+        text = args.kv_pool_tokens.strip().lower()
+        if text != "h100" and not text.isdigit():
+            raise SystemExit(f"teola bench: --kv-pool-tokens takes a number of tokens or 'h100', not {text!r}")
+        pool_tokens = H100_KV_TOKENS if text == "h100" else int(text)
     try:
         result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
-            bench_agents(concurrency=concurrency, time_scale=time_scale, seed=args.seed, systems=systems)
+            bench_agents(
+                concurrency=concurrency,
+                time_scale=time_scale,
+                seed=args.seed,
+                systems=systems,
+                pool_fraction=POOL_FRACTION if args.kv_pool is None else args.kv_pool,
+                pool_tokens=pool_tokens,
+            )
         )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    title = f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens (answers identical)"
+    title = (
+        f"{concurrency} concurrent agents, KV pool {result.kv_pool_tokens:,} tokens "
+        f"({result.kv_pool_fraction:.2f} of their live contexts; answers identical)"
+    )
     columns = {"recomputed prefill": "recomputed_prefill_tokens", "prefix hit rate": "prefix_hit_rate"}
     table = _agents_table(title, columns, {name: r.summary() for name, r in result.systems.items()})
     Console().print(table)
@@ -324,15 +368,32 @@ def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[s
 
 
 def _table(result: BenchResult) -> Table:
+    """Teola, today's baselines, then the paper's (labelled); each baseline's mean and p99 over Teola's."""
+    seeds = ",".join(map(str, result.seeds))
+    best = result.best_baseline()
+    headline = ""
+    if "teola" in result.systems and best is not None:
+        headline = (
+            f"\nTeola vs the best baseline ({best}): {speedups(result)[best]:.2f}x mean, "
+            f"{speedups(result, 'p99_s')[best]:.2f}x p99"
+        )
+    bound = result.queueing_bound_s()
+    limits = f"critical path {result.critical_path_s:.2f} s"
+    if bound is not None and result.busiest is not None:
+        limits += f", queueing bound {bound:.2f} s ({result.busiest.engine}: {result.busiest.work_s:.2f} s a query)"
     table = Table(
-        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed {result.seed} "
-        f"(critical path {result.critical_path_s:.2f} s)"
+        title=f"{result.workload} at {result.rate} q/s, {result.queries} queries, seed(s) {seeds}, "
+        f"{result.clock} clock\n({limits}){headline}"
     )
-    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
+    for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola", "p99 vs teola"):
         table.add_column(column, justify="right" if column != "system" else "left")
-    teola = result.systems.get("teola")
-    for name, r in result.systems.items():
-        s = r.summary()
-        ratio = f"{s['mean_s'] / teola.summary()['mean_s']:.2f}x" if teola else "-"
-        table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
+    ratios = speedups(result) if "teola" in result.systems else {}
+    tails = speedups(result, "p99_s") if "teola" in result.systems else {}
+    order = sorted(result.systems, key=lambda n: (n != "teola", SYSTEMS[n].paper))
+    for name in order:
+        s = result.summary(name)
+        label = f"{name} (paper)" if SYSTEMS[name].paper else name
+        mean_ratio = f"{ratios[name]:.2f}x" if name in ratios else "-"
+        tail_ratio = f"{tails[name]:.2f}x" if name in tails else "-"
+        table.add_row(label, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", mean_ratio, tail_ratio)
     return table

@@ -1,18 +1,14 @@
-"""How the baselines' framework sends embedding work: fixed-size requests, one after another.
+"""How the baselines' framework sends embedding work: requests of `embed_batch_size` texts.
 
-LlamaDist is a LlamaIndex-style module chain. LlamaIndex embeds a module's texts with
-`BaseEmbedding.get_text_embedding_batch`: requests of `embed_batch_size` texts (the
-default, `DEFAULT_EMBED_BATCH_SIZE`, is 10), each sent when the previous one returned.
-The engine sees those requests, not the module's whole batch: that is the per-request
-batching the paper contrasts with app-aware batching (its measured example: 48 chunks
-take 1.8 s in requests of 4 and 1.35 s at 16). This pass rewrites a p-graph the way the
-framework issues it, for the baseline systems only:
+    embed(48)  --FrameworkRequests(10)-->  embed/r0[0:10] -> embed/r1[10:20] -> ... -> embed/r4[40:] -> embed/agg
+    embed(48)  --FrameworkRequests(10, gathered=True)-->  the same five requests, sent together
 
-    embed(48)   becomes   embed/r0[0:10] -> embed/r1[10:20] -> ... -> embed/r4[40:]
-                          (pinned order)                          -> embed/agg -> consumers
-
-Teola's own passes never see this: Teola sends the module's items as the engine's
-profile says (stage decomposition at the max efficient batch).
+LlamaIndex embeds a module's texts in requests of `embed_batch_size` (default 10): its
+sync `get_text_embedding_batch` sends each when the previous one returned (the paper's
+LlamaDist), its async `aget_text_embedding_batch` gathers them (what async apps run
+today). The engine sees those requests, not the module's whole batch: the per-request
+batching the paper contrasts with app-aware batching. A baseline-only rewrite; Teola
+sends a module's items as the engine's profile says (stage decomposition).
 """
 
 from __future__ import annotations
@@ -29,14 +25,20 @@ LLAMAINDEX_EMBED_BATCH_SIZE = 10
 
 
 class FrameworkRequests(Pass):
-    """Cut each EMBED node into sequential requests of at most `request_items` items."""
+    """Cut each EMBED node of more than `request_items` items into requests of at most that many.
+
+    A node's `items` says how big a request it is, so the requests themselves are never
+    cut again (the pass reaches its fixed point at once). `gathered`: the requests go
+    out together (async); else each waits for the one before (a pinned order, sync).
+    """
 
     name = "framework-requests"
 
-    def __init__(self, request_items: int = LLAMAINDEX_EMBED_BATCH_SIZE) -> None:
+    def __init__(self, request_items: int = LLAMAINDEX_EMBED_BATCH_SIZE, *, gathered: bool = False) -> None:
         if request_items < 1:
             raise ValueError(f"request_items must be >= 1, got {request_items}")
         self.request_items = request_items
+        self.gathered = gathered
 
     def run(self, graph: Graph, ctx: PassContext) -> Graph:
         current = graph
@@ -44,9 +46,8 @@ class FrameworkRequests(Pass):
             node = current.nodes.get(node_id)
             if node is None or node.kind != PrimitiveKind.EMBED or node.items is None:
                 continue
-            if node.items <= self.request_items or "/r" in node.id:
-                continue
-            current = self._split(current, node_id)
+            if node.items > self.request_items:
+                current = self._split(current, node_id)
         return current
 
     def _split(self, graph: Graph, node_id: str) -> Graph:
@@ -59,7 +60,9 @@ class FrameworkRequests(Pass):
         editor = graph.edit()
         parts = replicate(editor, node, family={}, ranges=ranges, part_items=counts, suffix="r")
         fan_out(editor, (), node, parts, ranges=ranges, part_items=counts, suffix="r", total_items=node.items)
-        for first, then in pairwise(parts):
-            editor.connect(ControlEdge(first, then, pinned=True))
-        editor.note(f"{self.name}: {node.describe()} sent as {n} sequential requests of <= {size} items")
+        if not self.gathered:
+            for first, then in pairwise(parts):
+                editor.connect(ControlEdge(first, then, pinned=True))
+        how = "together" if self.gathered else "one after another"
+        editor.note(f"{self.name}: {node.describe()} sent as {n} requests of <= {size} items, {how}")
         return editor.freeze()

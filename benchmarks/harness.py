@@ -1,22 +1,30 @@
-"""The benchmark harness: Poisson arrivals, every system on fresh engines, one run.
+"""The benchmark harness: Poisson arrivals, every system on fresh engines, side by side.
 
-Each system gets its own fresh simulated engines (same profiles, same fake model) and
-the same query sequence with the same arrival times, so the ratios between systems are
-measured side by side. Latency is end to end per query, from its arrival to its
-answer, including Teola's own graph building and passes, reported in unscaled seconds.
+    result = run_bench(WORKLOADS["advanced_rag"], rate=0.5, queries=40, seeds=(0, 1, 2, 3))
+    result.summary("teola")["mean_s"], result.best_baseline(), result.to_json()
+
+Each system gets fresh engines (same profiles, same fake model) and, per seed, the same
+arrival times, so ratios are measured side by side. Latency is per query, from arrival
+to answer. On the virtual clock (the default for simulated engines) only the engines'
+modelled time passes: a run is exact, repeatable and immune to CPU load, and Teola's
+own CPU time counts as zero (`teola bench --overhead` measures it). On the real clock
+everything counts, including CPU contention, scaled by `1 / time_scale`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
-import time
-from collections.abc import Callable, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 from itertools import pairwise
+from typing import Any
 
 from teola_adapters.simulated.paper_profiles import paper_engines
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_benchmarks.stats import summarize
 from teola_benchmarks.systems import SYSTEMS, System
 from teola_benchmarks.workloads import Workload
@@ -27,6 +35,15 @@ from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
 from teola_core.runtime.base import PrimitiveSpan
 from teola_core.runtime.local import LocalRuntime
+
+CLOCKS = ("virtual", "real")
+
+EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
+"""(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
+
+
+def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
+    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
 
 
 @dataclass
@@ -40,20 +57,77 @@ class SystemResult:
 
 @dataclass
 class BenchResult:
+    """One workload at one rate: every system's run for each seed (arrival sequence)."""
+
     workload: str
     rate: float
     queries: int
     critical_path_s: float
-    seed: int = 0
-    systems: dict[str, SystemResult] = field(default_factory=dict)
+    clock: str = "virtual"
+    runs: dict[int, dict[str, SystemResult]] = field(default_factory=dict)  # seed -> system -> run
+    busiest: Busiest | None = None  # the single-instance engine with the most work per query
+    arrivals: dict[int, list[float]] = field(default_factory=dict)  # seed -> arrival times
 
-    def to_json(self) -> dict[str, object]:
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.runs)
+
+    @property
+    def systems(self) -> list[str]:
+        return list(next(iter(self.runs.values()), {}))
+
+    def summary(self, system: str) -> dict[str, float]:
+        """Mean, p50 and p99 over every seed's queries together."""
+        return summarize([x for runs in self.runs.values() for x in runs[system].latencies])
+
+    def by_seed(self, system: str) -> dict[int, dict[str, float]]:
+        return {seed: runs[system].summary() for seed, runs in self.runs.items()}
+
+    def queueing_bound_s(self) -> float | None:
+        """A lower bound on any system's mean latency, from the busiest single-instance engine.
+
+        A query's work there (`work_s`, its least: one batch) cannot start before it
+        arrives, and after the engine's last piece of it the query still needs `post_s`
+        (the rest of its critical path). For equal jobs on one server every
+        work-conserving order gives the same sum of completion times, first come first
+        served among them, so no system's mean is below max(critical path, mean wait +
+        work + post), the wait that of a FCFS queue of `work_s` per arrival.
+        """
+        if self.busiest is None:
+            return None
+        b = self.busiest
+        waits = [wait for times in self.arrivals.values() for wait in lindley_waits(times, b.work_s)]
+        return max(self.critical_path_s, statistics.fmean(waits) + b.work_s + b.post_s) if waits else None
+
+    def best_baseline(self) -> str | None:
+        """The system other than Teola with the lowest mean latency (modern or paper; on a tie,
+        equal to float rounding, today's before the paper's)."""
+        others = [name for name in self.systems if name != "teola"]
+        return min(others, key=lambda name: (round(self.summary(name)["mean_s"], 9), SYSTEMS[name].paper), default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        systems: dict[str, Any] = {}
+        for name in self.systems:
+            per_seed = self.by_seed(name)
+            means = [s["mean_s"] for s in per_seed.values()]
+            systems[name] = {
+                **self.summary(name),
+                "paper": SYSTEMS[name].paper,
+                "mean_s_range": [min(means), max(means)],
+                "by_seed": {str(seed): s for seed, s in per_seed.items()},
+            }
         return {
             "workload": self.workload,
             "rate": self.rate,
             "queries": self.queries,
+            "seeds": self.seeds,
+            "clock": self.clock,
             "critical_path_s": self.critical_path_s,
-            "systems": {name: r.summary() for name, r in self.systems.items()},
+            "best_baseline": self.best_baseline(),
+            "queueing_bound": None
+            if self.busiest is None
+            else {**dataclasses.asdict(self.busiest), "mean_s": self.queueing_bound_s()},
+            "systems": systems,
         }
 
 
@@ -67,6 +141,41 @@ def arrival_times(rate: float, n: int, seed: int) -> list[float]:
     return times
 
 
+def lindley_waits(arrivals: Sequence[float], work: float) -> list[float]:
+    """Each arrival's wait in a first-come-first-served queue of `work` seconds per job."""
+    waits, free = [], 0.0
+    for at in arrivals:
+        waits.append(max(0.0, free - at))
+        free = max(free, at) + work
+    return waits
+
+
+@dataclass(frozen=True)
+class Busiest:
+    """The busiest single-instance engine: a query's least work there, and what follows it."""
+
+    engine: str
+    work_s: float  # each op's items of one query in one batch, by the profile
+    post_s: float  # from the engine's last span of the query to its answer, on the critical path
+
+
+def busiest_engine(graph: Graph, engines: EngineSet) -> tuple[str, float] | None:
+    """The single-instance engine with the most profiled work for one query's graph, and that
+    work as if each op's items ran in one batch (the least it can take)."""
+    items: dict[tuple[str, str], int] = {}
+    for node in graph.nodes.values():
+        engine = engines.engines.get(node.engine) if node.engine is not None else None
+        if engine is None or engine.profile is None or engine.limits.concurrency != 1:
+            continue
+        if node.kind.value in engine.profile.curves:
+            key = (node.engine, node.kind.value)
+            items[key] = items.get(key, 0) + (node.items or 1)
+    work: dict[str, float] = {}
+    for (name, op), n in items.items():
+        work[name] = work.get(name, 0.0) + engines[name].profile.latency(op, n)  # type: ignore[union-attr]
+    return max(work.items(), key=lambda kv: kv[1], default=None)
+
+
 class _Spans:
     def __init__(self) -> None:
         self.spans: list[PrimitiveSpan] = []
@@ -75,12 +184,10 @@ class _Spans:
         self.spans.append(span)
 
 
-EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
-"""(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
-
-
-def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
-    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
+def _runtime(engines: EngineSet, system: System) -> LocalRuntime:
+    return LocalRuntime(
+        engines, policy=system.policy, max_batch=system.max_batch(), clock=asyncio.get_running_loop().time
+    )
 
 
 async def run_system(
@@ -92,7 +199,7 @@ async def run_system(
 ) -> SystemResult:
     """Run every query of the sequence on a fresh runtime configured as `system`."""
     engines = make_engines(time_scale, system.prefix_cache, workload.model)
-    runtime = LocalRuntime(engines, policy=system.policy, max_batch=system.max_batch())
+    runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
     ctx = PassContext(profiles=engines.profiles())
     template = workload.template(time_scale)
@@ -101,11 +208,11 @@ async def run_system(
 
     async def one(i: int, at: float) -> tuple[float, dict[str, object]]:
         await asyncio.sleep(max(0.0, start + at * time_scale - loop.time()))
-        began = time.perf_counter()
+        began = loop.time()
         query = workload.make_query(i)
         graph = manager.optimize(template.instantiate(query), ctx).e_graph
         outputs = await runtime.run(graph, query, query_id=f"q{i}")
-        return (time.perf_counter() - began) / time_scale, outputs
+        return (loop.time() - began) / time_scale, outputs
 
     try:
         results = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
@@ -117,32 +224,43 @@ async def run_system(
 
 async def critical_path(
     workload: Workload, time_scale: float, query_index: int = 0, make_engines: EngineFactory = simulated_engines
-) -> float:
+) -> tuple[float, Busiest | None]:
     """The e-graph's critical-path lower bound for one query, in unscaled seconds.
 
-    The query runs alone on Teola's configuration; each primitive's service time (its
-    span from start to end) weighs its node. Besides the graph's edges, primitives that
+    The query runs alone on Teola's configuration, after one other query (so the prompt
+    prefixes every query shares are cached, as in any steady run); each primitive's
+    service time (its span from start to end) weighs its node. Besides the graph's edges, primitives that
     ran one after another on a single-instance engine are ordered too (stages of one
     split share the embedder), so the bound respects the engines the run had; it leaves
-    out only waiting and dispatch gaps.
+    out only waiting and dispatch gaps. Also the busiest single-instance engine of that
+    graph (`busiest_engine`) and what follows its last span of the query, unscaled.
     """
     system = SYSTEMS["teola"]
     engines = make_engines(time_scale, True, workload.model)
-    runtime = LocalRuntime(engines, policy=system.policy)
+    runtime = _runtime(engines, system)
+    manager = PassManager(system.pass_list())
+    ctx = PassContext(profiles=engines.profiles())
+
+    def graph_of(query: Mapping[str, Any]) -> Graph:
+        return manager.optimize(workload.template(time_scale).instantiate(query), ctx).e_graph
+
     spans = _Spans()
-    runtime.add_hook(spans)
-    query = workload.make_query(query_index)
-    graph: Graph = (
-        PassManager(system.pass_list())
-        .optimize(workload.template(time_scale).instantiate(query), PassContext(profiles=engines.profiles()))
-        .e_graph
-    )
+    warm, query = workload.make_query(query_index + 1), workload.make_query(query_index)
+    graph = graph_of(query)
     try:
+        await runtime.run(graph_of(warm), warm, query_id="warm-up")  # prompt prefixes all queries share, cached
+        runtime.add_hook(spans)
+        began = runtime.now()
         await runtime.run(graph, query, query_id="critical")
     finally:
         await runtime.close()
         await engines.close()
-    return longest_path(graph, spans.spans, engines) / time_scale
+    cp = longest_path(graph, spans.spans, engines) / time_scale
+    found = busiest_engine(graph, engines)
+    if found is None:
+        return cp, None
+    last = max((s.ended_at for s in spans.spans if s.node.engine == found[0]), default=began)
+    return cp, Busiest(found[0], found[1], max(0.0, cp - (last - began) / time_scale))
 
 
 def longest_path(graph: Graph, spans: Sequence[PrimitiveSpan], engines: EngineSet) -> float:
@@ -169,18 +287,39 @@ async def bench(
     *,
     rate: float,
     queries: int,
-    time_scale: float,
+    time_scale: float = 1.0,
     systems: Sequence[str] = tuple(SYSTEMS),
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
+    clock: str = "virtual",
     make_engines: EngineFactory = simulated_engines,
 ) -> BenchResult:
-    arrivals = arrival_times(rate, queries, seed)
-    cp = await critical_path(workload, time_scale, make_engines=make_engines)
-    result = BenchResult(workload.name, rate, queries, cp, seed)
-    for name in systems:
-        result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
-    reference = next(iter(result.systems.values())).outputs
-    for name, r in result.systems.items():
-        if r.outputs != reference:
-            raise AssertionError(f"system {name!r} returned different answers than {systems[0]!r}")
+    """Every system on every seed's arrivals, on the running loop (`clock` only labels it)."""
+    cp, busiest = await critical_path(workload, time_scale, make_engines=make_engines)
+    result = BenchResult(workload.name, rate, queries, cp, clock, busiest=busiest)
+    for seed in seeds:
+        arrivals = result.arrivals[seed] = arrival_times(rate, queries, seed)
+        runs = result.runs[seed] = {}
+        for name in systems:
+            runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
+        reference = runs[systems[0]].outputs
+        for name, r in runs.items():
+            if r.outputs != reference:
+                raise AssertionError(f"system {name!r} returned different answers than {systems[0]!r}")
     return result
+
+
+def run_bench(workload: Workload, *, clock: str = "virtual", time_scale: float = 1.0, **options: Any) -> BenchResult:
+    """`bench` on a fresh event loop: virtual (exact, time scale 1) or real."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    if clock == "virtual":
+        if time_scale != 1.0:
+            raise ValueError("the virtual clock needs no time scale: it must be 1")
+        return run_virtual(bench(workload, clock=clock, time_scale=1.0, **options))
+    return asyncio.run(bench(workload, clock=clock, time_scale=time_scale, **options))
+
+
+def speedups(result: BenchResult, stat: str = "mean_s") -> dict[str, float]:
+    """Each baseline's `stat` over Teola's (> 1: Teola is faster)."""
+    teola = result.summary("teola")[stat]
+    return {name: result.summary(name)[stat] / teola for name in result.systems if name != "teola"}

@@ -16,8 +16,8 @@ def plot_sweep(results: Sequence[BenchResult], path: str) -> None:
     rates = [r.rate for r in results]
     fig, (ax_mean, ax_p99) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
     for name in results[0].systems:
-        means = [r.systems[name].summary()["mean_s"] for r in results]
-        p99s = [r.systems[name].summary()["p99_s"] for r in results]
+        means = [r.summary(name)["mean_s"] for r in results]
+        p99s = [r.summary(name)["p99_s"] for r in results]
         style = {"linewidth": 2.5} if name == "teola" else {"linestyle": "--"}
         ax_mean.plot(rates, means, marker="o", label=name, **style)
         ax_p99.plot(rates, p99s, marker="o", label=name, **style)

@@ -3,7 +3,9 @@
 Summary, key facts and tone of the same text, each by its own LLM call, written one
 `.assign` after another (as such pipelines grow), then a final brief that combines them.
 LangChain runs the three analyses one after the other; Teola sees from the data that
-none reads another's result and runs them together.
+none reads another's result and runs them together. The same chain written with one
+`.assign(summary=..., facts=..., tone=...)` (`build_one_assign`) already runs them
+together in plain LangChain: the benchmark runs both spellings plain.
 
     python -m teola_examples.assign_pipeline
 """
@@ -53,6 +55,19 @@ def build_chain(llm: BaseChatModel, embeddings: Embeddings | None = None, **_: A
         | llm
         | parse
     )
+
+
+def build_one_assign(
+    llm: BaseChatModel, embeddings: Embeddings | None = None, **_: Any
+) -> Runnable[dict[str, str], str]:
+    """The same pipeline with the three analyses in one `.assign`: LangChain runs them concurrently."""
+    parse = StrOutputParser()
+    analyses = {"summary": SUMMARY | llm | parse, "facts": FACTS | llm | parse, "tone": TONE | llm | parse}
+    return RunnablePassthrough.assign(**analyses) | BRIEF | llm | parse
+
+
+# Other ways to write the same chain, run plain beside it (`teola bench --langchain`).
+PLAIN_SPELLINGS = {"one_assign": build_one_assign}
 
 
 def inputs(n: int) -> list[dict[str, str]]:

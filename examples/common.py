@@ -14,7 +14,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable
 
 import teola
-from teola_benchmarks.workloads.common import make_chunks, make_question, words
+from teola_adapters.simulated.text import corpus_words
+from teola_benchmarks.workloads.common import make_chunks, make_question
 
 CORPUS_CHUNKS = 64
 CHUNK_WORDS = 60
@@ -31,7 +32,7 @@ def questions(n: int) -> list[str]:
 
 def texts(n: int, words_per_text: int = 120) -> list[str]:
     """Documents to analyse (the `.assign` pipeline's inputs)."""
-    return [" ".join(words(f"text-{i}", words_per_text)) for i in range(n)]
+    return [" ".join(corpus_words(f"text-{i}", words_per_text)) for i in range(n)]
 
 
 def format_docs(docs: Sequence[Document]) -> str:
@@ -82,7 +83,7 @@ def demo(build: Callable[..., Runnable[Any, Any]], inputs: list[Any], **options:
     if base_url:
         _demo(build, inputs, base_url, options)
         return
-    from teola_benchmarks.langchain.servers import SimServers
+    from teola_adapters.simulated.servers import SimServers
 
     with SimServers(time_scale=0.2) as servers:
         _demo(build, inputs, servers.base_url, options)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,15 @@ class EngineStats:
     calls: int = 0
     items: int = 0
     busy_s: float = 0.0  # simulated, unscaled seconds
+
+    @classmethod
+    def combined(cls, parts: Iterable[EngineStats]) -> EngineStats:
+        """The stats of several instances added up."""
+        total = cls()
+        for p in parts:
+            total.batches, total.calls = total.batches + p.batches, total.calls + p.calls
+            total.items, total.busy_s = total.items + p.items, total.busy_s + p.busy_s
+        return total
 
     def record(self, calls: int, items: int, seconds: float) -> None:
         self.batches += 1

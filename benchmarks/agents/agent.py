@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from teola_adapters.simulated.llm import tokens_of
+from teola_adapters.simulated.text import tokens_of
 from teola_benchmarks.agents.trace import AgentJob, Shape, ToolCall
 from teola_core.agents.program import Program
 from teola_core.engines.protocol import Call, Engine

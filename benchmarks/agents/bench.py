@@ -1,19 +1,20 @@
 """`teola bench --agents`: N concurrent agents, plain vs Teola, feature by feature.
 
+    result = run_virtual(bench_agents(concurrency=32, pool_fraction=0.5))       # a share of live contexts
+    result = run_virtual(bench_agents(concurrency=64, pool_tokens=H100_KV_TOKENS))  # one fixed machine
+
 Every system runs the same jobs (`trace.make_jobs`) on a fresh simulated LLM whose KV
-pool holds a third of the jobs' live contexts (the sum of their mean prompt lengths / 3;
-LRU prefix cache, prefill cost per uncached token). The model is `AGENT_LLM`: an 8B
-model on one 80 GB H100, because that is the machine whose KV space (~60 GB at 128 KB
-per token, ~470k tokens) is a third of 32 agents' ~49k-token contexts; the paper's 7B on
-a 24 GB RTX 3090 holds 16k tokens, not one agent's context.
+pool holds `pool_fraction` of the jobs' live contexts (the sum of their mean prompt
+lengths; default a third) or a fixed `pool_tokens` (LRU prefix cache, prefill cost per
+uncached token). The model is `AGENT_LLM`: an 8B model on one 80 GB H100, whose KV space
+(`H100_KV_TOKENS`, ~491k tokens) is about a third of 32 agents' ~49k-token contexts; the
+paper's 7B on a 24 GB RTX 3090 holds 16k tokens, not one agent's context.
 Systems: `plain` (each call straight to the engine, FIFO, compaction in before_model),
 `teola` (every feature), and `teola+FEATURE` with one feature alone. Reported per system:
 mean and p95 job completion time (unscaled seconds, from the job's start to its final
 answer), prefill tokens recomputed (computed again after eviction), the prefix-cache hit
 rate, and that every system's answers equal the plain agent's.
 
-    result = run_virtual(bench_agents(concurrency=32))   # teola_benchmarks.virtual_time
-    result.to_json()
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import asyncio
 import statistics
 from dataclasses import dataclass, field
 
-from teola_adapters.simulated.llm import BLOCK_TOKENS, SimLLM
+from teola_adapters.simulated.llm import SimLLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_benchmarks.agents.agent import AgentOutput, PlainBackend, TeolaBackend, run_agent
 from teola_benchmarks.agents.trace import AgentJob, Shape, make_jobs, mean_context_tokens
 from teola_benchmarks.stats import percentile
@@ -31,6 +33,9 @@ from teola_core.engines.protocol import EngineSet
 from teola_core.profiles.profile import Curve, LatencyProfile
 
 POOL_FRACTION = 1 / 3
+# 80 GB - 16 GB of weights - ~4 GB of activations = 60 GiB of KV, at 128 KiB a token
+# (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes): the fixed pool of `--kv-pool-tokens h100`.
+H100_KV_TOKENS = 60 * 2**30 // (128 * 2**10)
 
 AGENT_LLM = LatencyProfile(
     "llm",
@@ -87,25 +92,35 @@ class AgentSystemResult:
 class AgentBenchResult:
     concurrency: int
     kv_pool_tokens: int
+    live_context_tokens: int
     systems: dict[str, AgentSystemResult] = field(default_factory=dict)
+
+    @property
+    def kv_pool_fraction(self) -> float:
+        """The pool over the jobs' live contexts (their mean prompt lengths added up)."""
+        return self.kv_pool_tokens / self.live_context_tokens
 
     def to_json(self) -> dict[str, object]:
         return {
             "concurrency": self.concurrency,
             "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_pool_fraction": self.kv_pool_fraction,
             "systems": {name: r.summary() for name, r in self.systems.items()},
         }
 
 
-def kv_pool_tokens(jobs: list[AgentJob]) -> int:
-    """A third of the live contexts, and room for one agent's longest call at least.
+def live_context_tokens(jobs: list[AgentJob]) -> int:
+    return int(sum(mean_context_tokens(j) for j in jobs))
+
+
+def kv_pool_tokens(jobs: list[AgentJob], fraction: float = POOL_FRACTION) -> int:
+    """`fraction` of the live contexts, and room for one agent's longest call at least.
 
     A prompt never passes the compaction budget by more than one turn, and a
     summarization prompt is that context plus an instruction: twice the budget holds it.
     """
-    live = sum(mean_context_tokens(j) for j in jobs)
     floor = max((2 * j.shape.compact_tokens for j in jobs), default=BLOCK_TOKENS)
-    return max(floor, int(live * POOL_FRACTION)) // BLOCK_TOKENS * BLOCK_TOKENS
+    return max(floor, int(live_context_tokens(jobs) * fraction)) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
 async def run_system(system: str, jobs: list[AgentJob], pool_tokens: int, time_scale: float) -> AgentSystemResult:
@@ -162,13 +177,24 @@ async def bench_agents(
     seed: int = 0,
     systems: tuple[str, ...] | None = None,
     shape: Shape | None = None,
+    pool_fraction: float = POOL_FRACTION,
+    pool_tokens: int | None = None,
 ) -> AgentBenchResult:
-    """Run every system on the same jobs; on `run_virtual`'s loop unless real time is wanted."""
+    """Run every system on the same jobs; on `run_virtual`'s loop unless real time is wanted.
+
+    The KV pool: `pool_tokens` if given (one machine for every agent count), else
+    `pool_fraction` of the jobs' live contexts.
+    """
     names = systems or system_names()
     for name in names:
         features_of(name)  # unknown names fail before anything runs
+    if not pool_fraction > 0 or (pool_tokens is not None and pool_tokens < BLOCK_TOKENS):
+        raise ValueError(f"the KV pool must be positive and hold a block: {pool_fraction=}, {pool_tokens=}")
     jobs = make_jobs(concurrency, seed=seed, shape=shape)
-    result = AgentBenchResult(concurrency, kv_pool_tokens(jobs))
+    pool = (
+        pool_tokens // BLOCK_TOKENS * BLOCK_TOKENS if pool_tokens is not None else kv_pool_tokens(jobs, pool_fraction)
+    )
+    result = AgentBenchResult(concurrency, pool, live_context_tokens(jobs))
     for name in names:
         result.systems[name] = await run_system(name, jobs, result.kv_pool_tokens, time_scale)
     reference_name = names[0]

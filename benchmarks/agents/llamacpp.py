@@ -1,42 +1,11 @@
-"""`teola bench --agents --engines local-real`: the agent benchmark on a real model.
-
-The same ReAct loop (`agent.run_agent`) and trace-driven jobs as the simulated benchmark,
-on the embedded llama.cpp engine (SmolLM2-135M-Instruct, one thread) in real time:
-
-- model calls are the real model decoding greedily, `answer_tokens` tokens a call. The
-  tool choice is scripted by the trace, not chosen by the model (a 135M model cannot
-  pick tools), and the prompts are the benchmark's pseudo-words, so the answers are
-  whatever SmolLM2 writes after them: the point is the work the engine does, not the text;
-- tool waits are real `asyncio.sleep`s of the trace's durations scaled by
-  `tool_time_scale` (default 0.1: p50 0.03 s, p90 1.4 s, at most 21.6 s), because one
-  thread prefills ~130 tokens/s and unscaled tools would make a run last tens of minutes;
-  job starts are spread over the first 5 s at the same scale;
-- `SMALL_SHAPE` sizes jobs for SmolLM2's 2048-token context (a word of the benchmark is
-  about 3 tokens): a 120-word shared system block, compaction past 300 words;
-- the KV is bounded: the engine has `max_sequences` + 1 live sequences (fewer than the
-  agents, so they take each other's) and a state cache the size of the agents' mean
-  contexts added up (`POOL_FRACTION`). A saved state is a whole prompt's copy, so the
-  cache keeps about one recent state per agent and evicts the rest; holds may take
-  `HOLD_FRACTION` of it (room for two or three agents' contexts at 4 agents; the
-  engine's default, half, holds one or two). At half that size the cache cannot
-  even keep a prompt's state from its prefill to its decode (measured once at 4 agents,
-  seed 0: Teola recomputed 1,376 tokens, plain 1,280).
-
-Real time makes runs vary: which sequence and saved state each agent finds depends on
-when the others' calls land. At the default (4 agents, 2 decode sequences) each system
-has evaluated either ~2,900 or ~4,100 of 11,624 prompt tokens from run to run, so one run
-does not rank them; at 3 agents on one sequence (the test) Teola's holds win every run.
-
-Reported per system: mean and p95 job completion time (wall seconds, from the job's start
-to its final answer), the prompt tokens of its model calls (the work without any reuse),
-how many of them llama.cpp evaluated, how many of those were recomputed (whole chunks it
-had evaluated before, `LlamaCppStats.recomputed_tokens`) and the share reused. Greedy
-decoding on canonical chunks is bit-identical however prompts are split or batched, so
-every system's answers must equal the first system's; differences are reported, not
-hidden (`mismatches`).
+"""`teola bench --agents --engines local-real`: the agent benchmark on a real model, in real time.
 
     result = asyncio.run(bench_agents_llamacpp(concurrency=4))
-    result.to_json()
+    result.to_json()      # per system: mean/p95 JCT, prompt, evaluated and recomputed tokens
+
+The simulated benchmark's loop and jobs on the embedded llama.cpp engine (SmolLM2-135M,
+one thread), tools scaled by `tool_time_scale`; every system's answers must equal the
+first system's (`mismatches`). What it models and why: `docs/benchmarks.md`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
-"""Agent jobs drawn from published trace figures (see shared/reference/agents.md).
+"""Agent jobs drawn from published trace figures (the figures and their sources: `docs/benchmarks.md`).
 
-The agentic trace replay in kubernetes-sigs/inference-perf (10,056 sessions from
-AppWorld, BrowseComp-Plus, SWE-bench and TAU2) sets the shape of a job:
-
-- model calls: 21.9 turns per session on average (1 to 300): a geometric count with
-  that mean, capped at 300;
-- tokens: 49.1k input tokens per call on average, 659 output, 92 % of calls sharing a
-  prefix, 20.5 tool calls per 21.9 turns. Prompts are append-only: a shared system +
-  tool-schema block (`SYSTEM_TOKENS`, the shared prefix), the job's task and context
-  (`TASK_TOKENS`), then each turn's answer and tool results. A tool result is
-  `RESULT_TOKENS` long on average, which puts a job's mean prompt near 49k tokens at
-  the mean turn count (`mean_context_tokens`); a turn has one tool call, two (in
-  parallel) with probability 1/8;
-- tool durations: TraceLab's 432,510 tool calls, p50 0.3 s and p90 13.6 s: a log-normal
-  through those two points (sigma 2.98), capped at its p99 of 3.6 min;
-- repeated calls: the traces give no repeat rate. `SHARED_READ_P` of tool calls read one
-  of `SHARED_DOCS` documents all jobs can see (an idempotent `read_doc`: a repository
-  file, an API's docs); the rest are job-specific `run_step` calls. This is a stated
-  assumption, and the benchmark reports the tool cache alone so its share is visible.
-
-Jobs start within the first `spread_s` seconds.
-
-    jobs = make_jobs(32, seed=0)
+jobs = make_jobs(32, seed=0)   # repeatable for a seed; starts within the first `spread_s` seconds
 """
 
 from __future__ import annotations

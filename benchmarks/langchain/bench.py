@@ -1,23 +1,14 @@
 """`teola bench --langchain EXAMPLE`: an example chain, plain LangChain vs `teola.optimize`.
 
-Latency mode: one set of simulated servers (`servers.SimServers`), one chain object,
-the same inputs for every system, run one system after the other:
+    result = bench_langchain("assign_pipeline", queries=16, concurrency=4)
+    result.best_baseline(), result.speedups(), result.server["alone_s"]
 
-- `langchain`: `chain.ainvoke` per query, `concurrency` queries in flight (a closed
-  loop: a worker starts the next query when its last one returns);
-- `langchain_abatch`: `chain.abatch` on `concurrency` queries at a time (each query's
-  latency is its batch call's, which is when the caller gets it);
-- `teola`: `teola.optimize(chain, **example options)`, driven like `langchain`.
-
-Before each system a warm-up query (not among the measured ones) runs alone, untimed
-(connections, threads); then, on an emptied prefix cache, the same query runs alone
-again, timed: `alone_s` (in `server`), the floor of what the closed loop's mean can
-reach. The prefix cache is emptied again before the measured queries, so no system
-profits from another's cache. Every system's answers must equal LangChain's (else
-`AnswerMismatch`).
-
-Overhead mode: the same chain on zero-latency in-process fakes (`fakes.py`),
-`optimize(chain).invoke` against `chain.invoke`, sequentially, alternating rounds.
+Systems on one set of simulated servers, one after the other, the same inputs:
+`langchain` (`ainvoke`, a closed loop of `concurrency` workers), `langchain_abatch`,
+`langchain_<spelling>` for each of the example's `PLAIN_SPELLINGS` (the same chain written
+another way), and `teola`. Answers must equal LangChain's (`AnswerMismatch`). Overhead
+mode: `overhead_langchain` on zero-latency fakes. How each system is driven and what
+`alone_s` is: `docs/benchmarks.md`.
 """
 
 from __future__ import annotations
@@ -35,10 +26,10 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.runnables import Runnable
 
 import teola
+from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.cli import LANGCHAIN_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
-from teola_benchmarks.langchain.servers import Batching, SimServers
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
 
@@ -79,11 +70,15 @@ def bench_langchain(
     warmup, measured = inputs[0], inputs[1:]
     with SimServers(time_scale=time_scale, batching=batching) as servers:
         llm, embeddings = openai_models(servers.base_url)
-        chain = module.build_chain(llm, embeddings, corpus=corpus(), reranker=HTTPReranker(servers.base_url))
+        parts = {"corpus": corpus(), "reranker": HTTPReranker(servers.base_url)}
+        chain = module.build_chain(llm, embeddings, **parts)
+        spellings = {
+            name: build(llm, embeddings, **parts) for name, build in getattr(module, "PLAIN_SPELLINGS", {}).items()
+        }
         fast = teola.optimize(chain, **{**module.OPTIMIZE_OPTIONS, **(options or {})})
         try:
             latencies, answers, alone = asyncio.run(
-                _measure(chain, fast, warmup, measured, concurrency, servers.root_url)
+                _measure(chain, fast, warmup, measured, concurrency, servers.root_url, spellings)
             )
         finally:
             fast.close()
@@ -105,14 +100,24 @@ async def _measure(
     inputs: Sequence[Any],
     concurrency: int,
     root_url: str,
+    spellings: dict[str, Runnable[Any, Any]],
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
     latencies: dict[str, list[float]] = {}
     answers: dict[str, list[Any]] = {}
     alone: dict[str, float] = {}
+    systems: dict[str, Runnable[Any, Any]] = {
+        "langchain": chain,
+        "langchain_abatch": chain,
+        **{f"langchain_{name}": spelled for name, spelled in spellings.items()},
+        "teola": fast,
+    }
     runs: dict[str, Callable[[], Awaitable[tuple[list[float], list[Any]]]]] = {
-        "langchain": lambda: _closed_loop(chain, inputs, concurrency),
-        "langchain_abatch": lambda: _batches(chain, inputs, concurrency),
-        "teola": lambda: _closed_loop(fast, inputs, concurrency),
+        name: (
+            (lambda r=runnable: _batches(r, inputs, concurrency))
+            if name == "langchain_abatch"
+            else (lambda r=runnable: _closed_loop(r, inputs, concurrency))
+        )
+        for name, runnable in systems.items()
     }
     async with httpx.AsyncClient() as admin:
 
@@ -120,7 +125,7 @@ async def _measure(
             (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
 
         for name, run in runs.items():
-            system = fast if name == "teola" else chain
+            system = systems[name]
             await system.ainvoke(warmup)  # connections, threads, the runtime: not timed
             await reset()
             began = time.perf_counter()

@@ -17,7 +17,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from teola_adapters.simulated.reranker import relevance
-from teola_benchmarks.langchain.servers import ExampleResponder, messages_to_prompt
+from teola_adapters.simulated.servers import ExampleResponder, messages_to_prompt
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 

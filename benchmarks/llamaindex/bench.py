@@ -1,23 +1,12 @@
 """`teola bench --llamaindex EXAMPLE`: an example LlamaIndex app, its own execution vs Teola.
 
-Examples are QueryPipelines (`examples`, llama-index-core <= 0.12: QueryPipeline is
-gone from 0.13) or query engines (`query_engines`, both lines). One set of simulated
-servers (`teola_benchmarks.langchain.servers.SimServers`), one app object over one
-index, the same questions for both systems, run one system after the other, each as a
-closed loop of `concurrency` workers (a worker starts its next query when its last one
-returns):
+    result = bench_llamaindex("fusion_query_engine", queries=16, concurrency=4)
+    result.speedups()["llamaindex"], result.server["alone_s"]
 
-- `llamaindex`: `pipeline.arun(question=q)` (QueryPipeline's own async executor: waves
-  of ready modules, at most 4 at a time, the next wave after the whole wave), or
-  `engine.aquery(q)`;
-- `teola`: the same call on `teola.optimize(app)`.
-
-Before each system a warm-up query (not among the measured ones) runs alone, untimed;
-then, on an emptied prefix cache, the same query runs alone again, timed: `alone_s` (in
-`server`), one query with the servers to itself, the floor of what the closed loop's
-mean can reach, whatever the scheduling (the loop's queries send the same requests to
-the same servers, and contend there). Every answer (as text) must equal LlamaIndex's
-(else `AnswerMismatch`). Needs fastapi, uvicorn and openai.
+QueryPipelines (`examples`, llama-index-core <= 0.12) or query engines (`query_engines`,
+both lines) on one set of simulated servers, each system a closed loop of `concurrency`
+workers; answers (as text) must equal LlamaIndex's (`AnswerMismatch`). How each system
+is driven: `docs/benchmarks.md`. Needs fastapi, uvicorn and openai.
 """
 
 from __future__ import annotations
@@ -30,9 +19,9 @@ from typing import Any
 import httpx
 
 import teola
+from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
-from teola_benchmarks.langchain.servers import Batching, SimServers
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
 from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES

@@ -1,4 +1,4 @@
-"""LlamaIndex clients for the simulated OpenAI-compatible servers (`langchain.servers`).
+"""LlamaIndex clients for the simulated OpenAI-compatible servers (`teola_adapters.simulated.servers`).
 
 Minimal `CustomLLM` / `BaseEmbedding` subclasses over the `openai` client, not
 llama-index's `OpenAILike` / `OpenAIEmbedding`: those integration packages pin

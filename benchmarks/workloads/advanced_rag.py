@@ -8,13 +8,13 @@ paper's advanced-RAG workload and of the Ayo README's example.
 
 from __future__ import annotations
 
+from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
 from teola_benchmarks.workloads.common import EXPAND_MARKER, FakeModel, flatten_unique
 from teola_benchmarks.workloads.naive_rag import ANSWER_TOKENS, build_indexing, build_synthesis, make_query
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import PortType
-from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate
 
 N_QUERIES = 3
 TOP_K = 4

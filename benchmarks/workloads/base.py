@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from teola_benchmarks.workflow import WorkflowTemplate
 from teola_benchmarks.workloads.common import FakeModel
-from teola_core.workflow import WorkflowTemplate
 
 
 @dataclass(frozen=True)

@@ -7,68 +7,12 @@ of the query's index, so every system in a run sees the same inputs.
 
 from __future__ import annotations
 
-import hashlib
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from teola_adapters.simulated.text import corpus_words
 from teola_core.ir.types import Document, Scored
-
-_VOCAB = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "energy",
-    "river",
-    "market",
-    "policy",
-    "network",
-    "signal",
-    "model",
-    "memory",
-    "vector",
-    "index",
-    "graph",
-    "engine",
-    "query",
-    "answer",
-    "token",
-    "prompt",
-    "cache",
-    "batch",
-    "latency",
-    "stage",
-    "search",
-    "rank",
-    "scale",
-    "cloud",
-    "storage",
-    "compute",
-    "budget",
-    "region",
-    "planet",
-    "ocean",
-    "forest",
-    "climate",
-    "music",
-    "history",
-    "science",
-    "language",
-    "theory",
-    "method",
-    "result",
-    "value",
-    "system",
-    "design",
-    "protocol",
-    "server",
-    "client",
-    "kernel",
-    "thread",
-    "process",
-]
 
 EXPAND_MARKER = "Write {n} search queries, one per line, for the question below."
 CONTEXT_MARKER = "Situate the chunk below within the whole document in one short sentence."
@@ -78,17 +22,12 @@ ANSWER_INSTRUCTION = (
 )
 
 
-def words(seed: str, n: int) -> list[str]:
-    rng = random.Random(hashlib.sha256(seed.encode()).digest())
-    return [rng.choice(_VOCAB) for _ in range(n)]
-
-
 def make_chunks(doc_id: str, n_chunks: int, tokens_per_chunk: int) -> list[str]:
-    return [" ".join(words(f"{doc_id}/{i}", tokens_per_chunk)) for i in range(n_chunks)]
+    return [" ".join(corpus_words(f"{doc_id}/{i}", tokens_per_chunk)) for i in range(n_chunks)]
 
 
 def make_question(doc_id: str, tokens: int = 14) -> str:
-    return " ".join(words(f"{doc_id}/question", tokens)) + " ?"
+    return " ".join(corpus_words(f"{doc_id}/question", tokens)) + " ?"
 
 
 def docs_to_context(docs: Sequence[Any]) -> str:
@@ -133,8 +72,8 @@ class FakeModel:
     def __call__(self, prompt: str, max_tokens: int) -> str:
         if prompt.startswith(EXPAND_MARKER.split("{n}")[0]):
             n = int(prompt.split()[1])
-            lines = [" ".join(words(f"{prompt}/{i}", self.query_tokens)) for i in range(n)]
+            lines = [" ".join(corpus_words(f"{prompt}/{i}", self.query_tokens)) for i in range(n)]
             return "\n".join(lines)
         if prompt.startswith(CONTEXT_MARKER):
-            return " ".join(words(prompt, min(self.context_tokens, max_tokens)))
-        return " ".join(words(prompt, min(self.answer_tokens, max_tokens)))
+            return " ".join(corpus_words(prompt, min(self.context_tokens, max_tokens)))
+        return " ".join(corpus_words(prompt, min(self.answer_tokens, max_tokens)))

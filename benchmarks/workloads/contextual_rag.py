@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
 from teola_benchmarks.workloads.common import CONTEXT_MARKER, FakeModel, make_chunks, make_question
 from teola_benchmarks.workloads.naive_rag import ANSWER_TOKENS, build_retrieval, build_synthesis
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType
-from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate
 
 N_CHUNKS = 8
 CHUNK_TOKENS = 64

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
 from teola_benchmarks.workloads.common import (
     ANSWER_INSTRUCTION,
@@ -20,7 +21,6 @@ from teola_benchmarks.workloads.common import (
 )
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType
-from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate
 
 N_CHUNKS = 48
 CHUNK_TOKENS = 100

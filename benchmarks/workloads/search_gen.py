@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
 from teola_benchmarks.workloads.common import FakeModel, make_chunks, make_question
 from teola_benchmarks.workloads.naive_rag import ANSWER_TOKENS, CHUNK_TOKENS, build_retrieval, build_synthesis
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType
-from teola_core.workflow import Module, ModuleEnv, WorkflowTemplate
 
 N_PASSAGES = 24
 SEARCH_API_S = 0.4

@@ -170,15 +170,9 @@ KIND_SPECS: dict[PrimitiveKind, KindSpec] = {
     )
 }
 
-LLM_KINDS = frozenset(
-    {
-        PrimitiveKind.PREFILL,
-        PrimitiveKind.PARTIAL_PREFILL,
-        PrimitiveKind.FULL_PREFILL,
-        PrimitiveKind.DECODE,
-        PrimitiveKind.PARTIAL_DECODE,
-    }
-)
+PREFILL_KINDS = frozenset({PrimitiveKind.PREFILL, PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL})
+DECODE_KINDS = frozenset({PrimitiveKind.DECODE, PrimitiveKind.PARTIAL_DECODE})
+LLM_KINDS = PREFILL_KINDS | DECODE_KINDS
 
 
 def spec_of(kind: PrimitiveKind) -> KindSpec:

@@ -15,6 +15,8 @@ State:
                `BatchFinished`, whatever ended it
     max batch  the most items a batch carries: the engine's max efficient batch (a node
                larger than it runs alone); the policy may narrow it (po: 1, to: fixed)
+    batch cost the engine's batch latency by items (optional): topology lets a node
+               past the max batch ride along when it is cheap there (see `policies`)
 
 Transitions: `NodeReady` queues a node; `BatchFinished` frees its slot;
 `QueryCancelRequested` (the query failed or was cancelled) drops the query's pending
@@ -44,7 +46,8 @@ from teola_core.scheduler.events import (
     RunBatch,
     SchedulerError,
 )
-from teola_core.scheduler.policies import Policy, make_policy
+from teola_core.scheduler.policies import BatchCost, Policy, make_policy
+from teola_core.scheduler.sizing import batch_cost as batch_cost_of
 from teola_core.scheduler.sizing import max_batch as max_batch_of
 
 
@@ -68,6 +71,7 @@ class EngineScheduler:
         max_batch_items: int | None = None,
         concurrency: int = 1,
         instances: int = 1,
+        batch_cost: BatchCost | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"engine {engine!r}: concurrency must be at least 1, got {concurrency}")
@@ -76,6 +80,7 @@ class EngineScheduler:
         self.engine = engine
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_batch_items = max_batch_items
+        self.batch_cost = batch_cost
         self.concurrency = self.policy.slots(concurrency, instances)
         self._running: dict[int, _Running] = {}
         self._by_query: dict[str, set[int]] = {}  # query -> running batches holding its calls
@@ -97,9 +102,10 @@ class EngineScheduler:
         return cls(
             name,
             policy=make_policy(policy, max_batch=to_max_batch if policy == "to" else None),
-            max_batch_items=max_batch_of(engine, overrides.get(name), overridden=name in overrides),
+            max_batch_items=(limit := max_batch_of(engine, overrides.get(name), overridden=name in overrides)),
             concurrency=engine.limits.concurrency,
             instances=engine.limits.instances,
+            batch_cost=batch_cost_of(engine, limit if name in overrides else engine.limits.max_batch_items),
         )
 
     @property
@@ -125,7 +131,7 @@ class EngineScheduler:
                 raise SchedulerError(f"engine scheduler cannot handle {type(event).__name__}")
         limit = self.policy.limit(self.max_batch_items)
         while len(self._running) < self.concurrency and len(self.policy):
-            batch = self.policy.take(limit)
+            batch = self.policy.take(limit, self.batch_cost)
             run = RunBatch(
                 engine=self.engine,
                 batch_id=next(self._ids),

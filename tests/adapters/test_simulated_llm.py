@@ -7,36 +7,18 @@ import time
 from typing import Any
 
 import pytest
+from llm_nodes import decode_node, prefill_node
 
-from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, token_pieces, tokens_of
+from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, run_virtual, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
+from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.ops import decode_chunk
 
 PROMPT = " ".join(f"w{i}" for i in range(40))
-
-
-def prefill_node(kind: PrimitiveKind = PrimitiveKind.PREFILL) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", caps=spec.caps)
-
-
-def decode_node(max_tokens: int = 20, items: bool = False, **config: Any) -> Node:
-    outputs = [PortSpec("text", PortType.TEXT)] + ([PortSpec("items", PortType.ITEMS)] if items else [])
-    return Node(
-        "decode",
-        PrimitiveKind.DECODE,
-        (PortSpec("kv", PortType.KV),),
-        tuple(outputs),
-        engine="llm",
-        config={"max_tokens": max_tokens, **config},
-        caps=Capabilities(batchable=True),
-    )
 
 
 def ok(result: Any) -> Any:
@@ -257,7 +239,7 @@ def test_idle_engine_does_no_steps_and_close_fails_running_calls() -> None:
         llm = SimLLM(LLM, time_scale=1.0)
         kv = KVHandle("llm", PROMPT)
         task = asyncio.create_task(llm.run_one(Call("q", decode_node(100), {"kv": kv})))  # ~2.5 s of decoding
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.06)  # virtual time: steps of 25 ms began at 0, 0.025 and 0.05
         steps = llm.stats.steps
         await llm.close()
         with pytest.raises(RuntimeError, match="closed"):
@@ -268,8 +250,8 @@ def test_idle_engine_does_no_steps_and_close_fails_running_calls() -> None:
         await asyncio.sleep(0.02)  # event-driven: no step runs without work
         return steps, idle.stats.steps - before, await idle.close()
 
-    steps, idle_steps, _ = asyncio.run(main())
-    assert 1 <= steps <= 4 and idle_steps == 0
+    steps, idle_steps, _ = run_virtual(main())
+    assert steps == 3 and idle_steps == 0
 
 
 def test_engine_serves_one_loop_after_another_and_zero_scale_is_instant() -> None:

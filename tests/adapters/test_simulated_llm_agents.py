@@ -7,43 +7,22 @@ import math
 from typing import Any
 
 import pytest
+from llm_nodes import decode_node, prefill_node
 
-from teola_adapters.simulated import SimClock, SimLLM, tokens_of
-from teola_adapters.simulated.llm import BLOCK_TOKENS, LLMStats, PrefixCache
+from teola_adapters.simulated import LLMStats, PrefixCache, SimClock, SimLLM, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_core.engines.protocol import Call
 from teola_core.engines.retention import KVRetention
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import DecodePart, Node
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import Lines
-from teola_core.ir.types import KVHandle, PortType
+from teola_core.ir.types import KVHandle
 from teola_core.ops import decode_chunk
 
 
 def words(tag: str, n: int) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
-
-
-def prefill_node(kind: PrimitiveKind = PrimitiveKind.PREFILL, **config: Any) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", config=config, caps=spec.caps)
-
-
-def decode_node(
-    max_tokens: int, kind: PrimitiveKind = PrimitiveKind.DECODE, part: DecodePart | None = None, **config: Any
-) -> Node:
-    outputs = (PortSpec("items", PortType.ITEMS),) if kind == PrimitiveKind.PARTIAL_DECODE else ()
-    return Node(
-        "decode",
-        kind,
-        (PortSpec("kv", PortType.KV),),
-        (PortSpec("text", PortType.TEXT), *outputs),
-        engine="llm",
-        config={"max_tokens": max_tokens, **config},
-        caps=Capabilities(batchable=True),
-        part=part,
-    )
 
 
 async def prefill(llm: SimLLM, prompt: str, **config: Any) -> KVHandle:
@@ -219,8 +198,12 @@ def test_streams_and_partial_decodes_cache_their_output_too() -> None:
     async def partial(llm: SimLLM) -> str:
         kv = await prefill(llm, prompt)
         calls = [
-            Call("q", decode_node(64, PrimitiveKind.PARTIAL_DECODE, split_unit=Lines(), part=part), {"kv": kv})
-            for part in (DecodePart("g", 0, 2), DecodePart("g", 1, 2))
+            Call(
+                "q",
+                decode_node(64, PrimitiveKind.PARTIAL_DECODE, split_unit=Lines(), part=DecodePart("g", i, 2)),
+                {"kv": kv},
+            )
+            for i in range(2)
         ]
         results = await llm.run(calls)
         assert [r["items"] for r in results] == [decode_chunk(Lines().parse(lines(prompt, 64)), i, 2) for i in range(2)]

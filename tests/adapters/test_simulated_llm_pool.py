@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from teola_adapters.simulated import SimLLM
-from teola_adapters.simulated.llm import BLOCK_TOKENS
 from teola_adapters.simulated.paper_profiles import LLM
-from teola_benchmarks.virtual_time import run_virtual
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
@@ -74,14 +74,14 @@ def test_a_prefill_waits_until_a_running_sequence_frees_its_blocks() -> None:
 
 
 def test_a_prefilled_handle_that_is_never_decoded_holds_nothing() -> None:
-    async def main() -> bool:
+    async def main() -> tuple[int, int]:
         llm = SimLLM(LLM, cache_tokens=10 * BLOCK_TOKENS, kv_pool=True)
         await _prefill(llm, words("a", 6 * BLOCK_TOKENS))  # abandoned (a cancelled query)
         await _prefill(llm, words("b", 6 * BLOCK_TOKENS))  # fits: nothing is in use
         await llm.close()
-        return True
+        return llm.stats.pool_waits, llm.stats.prefills
 
-    assert run_virtual(main())
+    assert run_virtual(main()) == (0, 2)  # admitted at once, never waiting for room
 
 
 def test_without_pool_mode_running_requests_take_no_room() -> None:

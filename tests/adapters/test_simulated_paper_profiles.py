@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from teola_adapters.simulated import SimLLM, paper_engines, paper_profiles
+from teola_adapters.simulated import SimLLM, SimReplicas, paper_engines, paper_profiles
 from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.graph import Graph
@@ -33,8 +33,12 @@ def test_paper_engines_are_named_and_fresh() -> None:
     assert sorted(a.engines) == ["embedder", "llm", "reranker", "vectordb"]
     assert a.profiles() == paper_profiles()
     llm_a, llm_b = a["llm"], b["llm"]
-    assert isinstance(llm_a, SimLLM) and isinstance(llm_b, SimLLM)
-    assert llm_a.cache is not None and llm_b.cache is None and a["embedder"] is not b["embedder"]
+    assert isinstance(llm_a, SimReplicas) and isinstance(llm_b, SimReplicas)
+    assert [type(e) for e in llm_a.instances] == [SimLLM, SimLLM]  # the paper's two instances
+    first, second = llm_a.instances
+    assert first.cache is not None and second.cache is not None and first.cache is not second.cache
+    assert all(e.cache is None for e in llm_b.instances) and a["embedder"] is not b["embedder"]
+    assert llm_a.limits.instances == 2 and llm_a.limits.concurrency == 2 * first.limits.concurrency
 
 
 def rag_graph(chunks: list[str]) -> Graph:

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from teola_adapters.simulated import SimLLM
-from teola_adapters.simulated.llm import BLOCK_TOKENS
 from teola_adapters.simulated.paper_profiles import LLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_core.agents import AgentFeatures, AgentRuntime
 from teola_core.agents.admission import ProgramAdmission
 from teola_core.engines.protocol import EngineSet

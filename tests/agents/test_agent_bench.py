@@ -8,9 +8,9 @@ import statistics
 import pytest
 
 from teola.cli import main
-from teola_benchmarks.agents.bench import bench_agents, features_of, system_names
+from teola_adapters.simulated.virtual_time import run_virtual
+from teola_benchmarks.agents.bench import H100_KV_TOKENS, bench_agents, features_of, system_names
 from teola_benchmarks.agents.trace import TOOL_P50_S, TOOL_P90_S, Shape, make_jobs, tool_seconds
-from teola_benchmarks.virtual_time import run_virtual
 from teola_core.agents import AgentFeatures
 
 SMALL = Shape(
@@ -77,3 +77,23 @@ def test_cli_prints_the_documented_json(capsys: pytest.CaptureFixture[str]) -> N
 def test_cli_names_an_unknown_system() -> None:
     with pytest.raises(SystemExit, match="teola\\+fast"):
         main(["bench", "--agents", "--concurrency", "2", "--systems", "plain,teola+fast"])
+
+
+def test_the_kv_pool_is_a_share_of_live_contexts_or_one_fixed_machine() -> None:
+    half = run_virtual(bench_agents(concurrency=3, shape=SMALL, systems=("plain",), pool_fraction=0.5))
+    whole = run_virtual(bench_agents(concurrency=3, shape=SMALL, systems=("plain",), pool_fraction=1.0))
+    assert whole.kv_pool_tokens > half.kv_pool_tokens and whole.kv_pool_fraction == pytest.approx(1.0, abs=0.01)
+    few, more = (
+        run_virtual(bench_agents(concurrency=n, shape=SMALL, systems=("plain",), pool_tokens=4_000)) for n in (2, 4)
+    )
+    assert few.kv_pool_tokens == more.kv_pool_tokens == 4_000 and more.kv_pool_fraction < few.kv_pool_fraction
+
+
+def test_cli_takes_a_fixed_pool_or_a_share(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--agents", "--concurrency", "2", "--systems", "plain", "--json"]
+    assert main([*argv, "--kv-pool-tokens", "h100"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_pool_tokens"] == H100_KV_TOKENS == 491_520
+    assert main([*argv, "--kv-pool", "1.0"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_pool_fraction"] >= 1.0  # two agents: the floor, a long call
+    with pytest.raises(SystemExit, match="not both"):
+        main([*argv, "--kv-pool", "0.5", "--kv-pool-tokens", "h100"])

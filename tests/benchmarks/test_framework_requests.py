@@ -26,13 +26,21 @@ def test_a_48_text_embed_becomes_five_chained_requests() -> None:
     graph, _, _ = _graph_and_query()
     out = FrameworkRequests(10).run(graph, PassContext())
     validate(out)
-    chunks = sorted(
-        (n for n in out.nodes.values() if n.kind == PrimitiveKind.EMBED and "/r" in n.id), key=lambda n: n.id
-    )
+    chunks = [n for n in out.nodes.values() if n.kind == PrimitiveKind.EMBED and n.module == "indexing"]
     assert [n.items for n in chunks] == [10, 10, 10, 10, 8]
     chain = {(c.src, c.dst) for c in out.control_edges if c.pinned}
     assert all((a.id, b.id) in chain for a, b in pairwise(chunks))
     assert FrameworkRequests(10).run(out, PassContext()) is out  # nothing left to cut: the fixed point
+
+
+def test_gathered_requests_go_out_together() -> None:
+    graph, _, _ = _graph_and_query()
+    out = FrameworkRequests(10, gathered=True).run(graph, PassContext())
+    validate(out)
+    chunks = [n for n in out.nodes.values() if n.kind == PrimitiveKind.EMBED and n.module == "indexing"]
+    assert [n.items for n in chunks] == [10, 10, 10, 10, 8]
+    assert not any(c.pinned for c in out.control_edges)
+    assert FrameworkRequests(10, gathered=True).run(out, PassContext()) is out
 
 
 def test_small_embeds_are_left_alone_and_sizes_are_checked() -> None:
@@ -44,17 +52,15 @@ def test_small_embeds_are_left_alone_and_sizes_are_checked() -> None:
 
 def test_requests_compute_what_the_whole_embed_computes() -> None:
     graph, query, w = _graph_and_query("advanced_rag")
-    split = FrameworkRequests(10).run(graph, PassContext())
+    sync = FrameworkRequests(10).run(graph, PassContext())
+    gathered = FrameworkRequests(10, gathered=True).run(graph, PassContext())
 
-    async def both() -> tuple[object, object]:
+    async def all_three() -> list[object]:
         engines = paper_engines(time_scale=0.0, responder=w.model)
         try:
-            return (
-                await evaluate(graph, query, engines, "whole"),
-                await evaluate(split, query, engines, "requests"),
-            )
+            return [await evaluate(g, query, engines, name) for name, g in (("a", graph), ("b", sync), ("c", gathered))]
         finally:
             await engines.close()
 
-    whole, requests = asyncio.run(both())
-    assert whole == requests
+    whole, one_by_one, together = asyncio.run(all_three())
+    assert whole == one_by_one == together

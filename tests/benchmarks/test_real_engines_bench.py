@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("pgvector")
 
-from teola_benchmarks.harness import bench
+from teola_benchmarks.harness import run_bench
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.workloads import WORKLOADS
 
 
 def test_naive_rag_on_real_engines_equal_answers_across_systems() -> None:
     # bench() raises if any system's answers differ from the first system's.
-    result = asyncio.run(
-        bench(
-            WORKLOADS["naive_rag"],
-            rate=5.0,
-            queries=1,
-            time_scale=1.0,
-            systems=("teola", "llamadist_po"),
-            make_engines=real_engines,
-        )
+    result = run_bench(
+        WORKLOADS["naive_rag"],
+        clock="real",
+        rate=5.0,
+        queries=1,
+        systems=("teola", "async_parallel", "llamadist_po"),
+        make_engines=real_engines,
     )
     assert result.critical_path_s > 0
-    answer = result.systems["teola"].outputs[0]["answer"]
+    answer = result.runs[0]["teola"].outputs[0]["answer"]
     assert isinstance(answer, str) and answer.strip()
 
 

@@ -120,7 +120,7 @@ def context_for(case: Case) -> PassContext:
             "embedder": meb_profile("embedder", embed=embed),
             "vectordb": meb_profile("vectordb", seconds=0.5, ingest=ingest, search=search),
             "reranker": meb_profile("reranker", seconds=2.0, rerank=rerank),
-            "llm": meb_profile("llm", seconds=0.1, prefill=8, decode=8),
+            "llm": meb_profile("llm", seconds=0.1, prefill=1, decode=8),  # per-token prefill: early pays
         }
     )
 

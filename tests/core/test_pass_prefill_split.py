@@ -14,6 +14,7 @@ from teola_core.ir.node import ControlEdge, DataEdge
 from teola_core.ir.types import Document, PortType, Scored
 from teola_core.passes import PassContext, PrefillSplit
 from teola_core.passes.prefill_split import estimated_latency, finish_times
+from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_core.runtime.reference import evaluate
 
 K = PrimitiveKind
@@ -21,7 +22,7 @@ TEMPLATE = "Be brief. Q: {question} C: {context} A:"
 PROFILES = PassContext(
     profiles={
         "reranker": meb_profile("reranker", seconds=5.0, rerank=4),
-        "llm": meb_profile("llm", prefill=8, decode=8),
+        "llm": meb_profile("llm", prefill=1, decode=8),  # per-token prefill: an early prefix pays
     }
 )
 INPUTS = {"question": "why is the sky blue", "docs": [Document(f"d{i}", f"passage {i}") for i in range(5)]}
@@ -115,11 +116,22 @@ def test_ready_times_follow_the_profiles_longest_path() -> None:
     finish = finish_times(g, PROFILES)
     assert finish["quick"] == 0.0 and finish["rerank"] == 5.0 and finish["inner.decode"] == 3.0
     assert estimated_latency(g.nodes["inner.decode"], PROFILES) == 2.0
-    out = PrefillSplit().run(g, PROFILES)
     # the latest variable is b (rerank, 5 s): the prefix is "{a} " even though c is ready at 3 s
-    assert out.nodes["format#1/prefix"].config["prefix_segments"] == 2
+    assert PrefillSplit._ready_prefix(g, g.nodes["format#1"], finish) == 2
     # the inner prompt has only input variables: nothing is earlier than its latest
+    out = PrefillSplit().run(g, PROFILES)
     assert out.nodes["inner.prefill"].kind == K.PREFILL
+
+
+def test_a_short_prefix_stays_one_prefill_on_an_engine_with_a_step_floor() -> None:
+    """The paper's 7B: ~15 ms a step, ~0.26 ms a token. A 3-word prefix saves < 1 ms, costs a step."""
+    floor = LatencyProfile("llm", {"prefill": Curve(((16, 0.020), (512, 0.140), (8192, 2.2)))})
+    ctx = PassContext(profiles={"reranker": PROFILES.profiles["reranker"], "llm": floor})
+    g = _rag()
+    assert PrefillSplit().run(g, ctx) is g
+    long_instruction = " ".join(["Answer carefully, citing the passages you use."] * 12)  # 72 words
+    g = _rag(long_instruction + " Q: {question} C: {context} A:")
+    assert any(n.kind == K.PARTIAL_PREFILL for n in PrefillSplit().run(g, ctx).nodes.values())
 
 
 def test_guards_are_kept_on_the_new_nodes() -> None:

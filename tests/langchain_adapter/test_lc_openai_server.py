@@ -1,6 +1,6 @@
 """langchain-openai models on an OpenAI-compatible server: real prefix warm-ups, LangChain's answers.
 
-Against the simulated servers (`teola_benchmarks.langchain.servers`), which serve vLLM's
+Against the simulated servers (`teola_adapters.simulated.servers`), which serve vLLM's
 `/tokenize` and token-id prompts and keep a vLLM-style prefix cache: a PARTIAL_PREFILL of
 a `ChatOpenAI`/`OpenAI` prompt sends the ready prefix's whole blocks, and the model's own
 request then finds exactly those blocks cached; the answers equal the plain chain's.
@@ -28,12 +28,12 @@ from langchain_openai import ChatOpenAI, OpenAI, OpenAIEmbeddings
 
 import teola
 from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM
-from teola_benchmarks.langchain.servers import SimServers
+from teola_adapters.simulated.servers import SimServers
 from teola_examples.common import corpus, format_docs, questions
 from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.openai_server import openai_compatible
 
-SYSTEM = "You are a careful assistant for a documentation search engine. Answer in plain words. " * 2
+SYSTEM = "You are a careful assistant for a documentation search engine. Answer in plain words. " * 5
 # The retriever's embedder has a profile, so the prefill-split pass sees `context` arrive
 # later than `question` and prefills the prompt's start while retrieval runs.
 PROFILES = {"embed:OpenAIEmbeddings": EMBEDDER, "llm:ChatOpenAI": LLM, "llm:OpenAI": LLM}

@@ -16,7 +16,7 @@ pytest.importorskip("langchain_openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from teola_benchmarks.langchain.servers import SimServers
+from teola_adapters.simulated.servers import SimServers
 
 
 @pytest.fixture

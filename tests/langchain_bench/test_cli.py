@@ -52,3 +52,13 @@ def test_unequal_answers_raise() -> None:
 def test_unknown_example_is_refused() -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--langchain", "nope"])
+
+
+def test_every_plain_spelling_runs_beside_the_chain(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--langchain", "assign_pipeline", "--json", "--queries", "2", "--concurrency", "2"]
+    assert main([*argv, "--time-scale", "0.01"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # the chained `.assign`s and one `.assign(a=..., b=..., c=...)`: answers equal (else AnswerMismatch)
+    assert set(out["systems"]) == {*SYSTEMS, "langchain_one_assign"}
+    plain = {name: s["mean_s"] for name, s in out["systems"].items() if name != "teola"}
+    assert out["best_baseline"] == min(plain, key=plain.__getitem__)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import teola
+from teola_adapters.simulated.servers import SimServers
 from teola_benchmarks.langchain.bench import EXAMPLES, example_module
-from teola_benchmarks.langchain.servers import SimServers
 from teola_examples.common import HTTPReranker, corpus, openai_models
 
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from teola_benchmarks.langchain.servers import ExampleResponder, SimServers, messages_to_prompt
+from teola_adapters.simulated.servers import ExampleResponder, SimServers, messages_to_prompt
 
 MESSAGES = [
     {"role": "system", "content": "You help search."},

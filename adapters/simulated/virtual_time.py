@@ -1,18 +1,11 @@
-"""An asyncio event loop whose clock jumps: simulated runs that are exact and fast.
+"""An asyncio event loop whose clock jumps to the next timer: simulated runs, exact and fast.
 
-A benchmark on simulated engines only waits: engines sleep their profiled latency, tools
-sleep their durations. On a real clock, a run of 32 agents for twenty simulated minutes
-either takes twenty minutes or is scaled down until the interpreter's own CPU time
-(milliseconds per call) shows up as simulated seconds and load on the machine changes
-the result. On this loop, `loop.time()` is virtual: whenever nothing is ready to run,
-time jumps to the next timer instead of sleeping. Everything the simulation does is then
-free of wall-clock noise and repeatable, and a run takes only its CPU time.
+    result = run_virtual(bench(workload, rate=0.5, queries=40))   # seconds of CPU, no sleeping
 
-Real I/O still works (the selector is polled); with no timer pending, the loop blocks
-on it as usual. Threads are not waited for in virtual time: a simulation that hands
-work to threads should not use this loop.
-
-    result = run_virtual(bench_agents(concurrency=32, time_scale=1.0))
+Whenever nothing is ready to run, `loop.time()` jumps to the next timer instead of
+sleeping, so a run is repeatable, immune to CPU load, and takes only its CPU time (which
+counts as zero simulated time). Real I/O still works (the selector is polled); threads
+are not waited for, so a simulation that hands work to threads must run on a real clock.
 """
 
 from __future__ import annotations

@@ -1,0 +1,122 @@
+"""The engines behind the simulated servers' endpoints, and vLLM's token ids for them.
+
+    backend = SimBackend(time_scale=0.5, batching="dynamic", responder=ExampleResponder())
+    text = await backend.generate(prompt, max_tokens=64)     # on the simulated 7B LLM
+    vectors = await backend.embed_batches.submit(texts, len(texts))
+
+It lives on the server's event loop: one `SimLLM` (continuous batching, prefix cache),
+one `SimEmbedder` and one reranker instance with the paper's profiles, shared by every
+client of the server, so systems run against one server are compared fairly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from teola_adapters.simulated.clock import SimClock
+from teola_adapters.simulated.embedding import SimEmbedder
+from teola_adapters.simulated.llm import SimLLM
+from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM, LLM_CACHE_TOKENS, RERANKER
+from teola_adapters.simulated.prefix_cache import PrefixCache
+from teola_adapters.simulated.reranker import relevance
+from teola_adapters.simulated.servers.batcher import Batcher, Batching
+from teola_adapters.simulated.text import tokens_of
+from teola_core.engines.protocol import Call
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
+from teola_core.ir.node import Node
+from teola_core.ir.types import PortType
+
+
+def _llm_node(kind: PrimitiveKind, max_tokens: int = 0) -> Node:
+    if kind == PrimitiveKind.DECODE:
+        return Node(
+            "decode",
+            kind,
+            (PortSpec("kv", PortType.KV),),
+            (PortSpec("text", PortType.TEXT),),
+            engine="llm",
+            config={"max_tokens": max_tokens},
+            caps=Capabilities(batchable=True),
+        )
+    spec = spec_of(kind)
+    assert spec.inputs is not None and spec.outputs is not None
+    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", caps=spec.caps)
+
+
+class SimBackend:
+    """The engines behind the HTTP endpoints (see the module docstring)."""
+
+    def __init__(
+        self,
+        time_scale: float,
+        batching: Batching,
+        responder: Callable[[str, int], str],
+        max_batch_items: int | None = None,
+    ) -> None:
+        self.llm = SimLLM(LLM, time_scale=time_scale, responder=responder, cache_tokens=LLM_CACHE_TOKENS)
+        self.embedder = SimEmbedder(EMBEDDER, time_scale=time_scale)
+        self.rerank_clock = SimClock(time_scale)
+        embed_max = max_batch_items or EMBEDDER.max_efficient_batch("embed")
+        rerank_max = max_batch_items or RERANKER.max_efficient_batch("rerank")
+        self.embed_batches = Batcher(self._embed_batch, batching, embed_max)
+        self.rerank_batches = Batcher(self._rerank_batch, batching, rerank_max)
+        self.requests = {"chat": 0, "completions": 0, "embeddings": 0, "rerank": 0, "tokenize": 0}
+        self.embed_batch_sizes: list[int] = []
+        self._vocabulary: dict[str, int] = {}
+        self._words: list[str] = []
+
+    # -- the tokenizer (vLLM's /tokenize and token-id prompts) ---------------------------
+    def token_ids(self, text: str) -> list[int]:
+        """The simulated tokenizer's ids for `text`: its words, numbered in order of first sight."""
+        ids = []
+        for word in tokens_of(text):
+            if word not in self._vocabulary:
+                self._vocabulary[word] = len(self._words)
+                self._words.append(word)
+            ids.append(self._vocabulary[word])
+        return ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ids: their words, space-separated (the same tokens again)."""
+        if not all(isinstance(i, int) and 0 <= i < len(self._words) for i in ids):
+            raise ValueError("unknown token id")
+        return " ".join(self._words[i] for i in ids)
+
+    # -- LLM ---------------------------------------------------------------------------
+    async def _kv(self, prompt: str) -> Any:
+        return (await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.PREFILL), {"prompt": prompt})))["kv"]
+
+    async def generate(self, prompt: str, max_tokens: int) -> str:
+        kv = await self._kv(prompt)
+        out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
+        return str(out["text"])
+
+    async def stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
+        kv = await self._kv(prompt)
+        async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
+            yield piece
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the LLM's prefix cache (between benchmark runs)."""
+        if self.llm.cache is not None:
+            self.llm.cache = PrefixCache(LLM_CACHE_TOKENS)
+
+    # -- embeddings and rerank ---------------------------------------------------------
+    async def _embed_batch(self, requests: list[list[str]]) -> list[list[list[float]]]:
+        items = sum(len(r) for r in requests)
+        self.embed_batch_sizes.append(items)
+        async with self.embedder.clock.slot():
+            await self.embedder.clock.spend(self.embedder.profile.latency("embed", items))
+        return [[self.embedder.embed(t) for t in texts] for texts in requests]
+
+    async def _rerank_batch(self, requests: list[tuple[str, list[str]]]) -> list[list[float]]:
+        items = sum(len(docs) for _, docs in requests)
+        async with self.rerank_clock.slot():
+            await self.rerank_clock.spend(RERANKER.latency("rerank", items))
+        return [[relevance(q, d) for d in docs] for q, docs in requests]
+
+    async def close(self) -> None:
+        await self.embed_batches.close()
+        await self.rerank_batches.close()
+        await self.llm.close()
