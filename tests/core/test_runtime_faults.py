@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from test_local_runtime import Gated, Raising, Toy, embed_only, engines
 
-from teola_benchmarks.virtual_time import run_virtual
+from teola_adapters.simulated.virtual_time import run_virtual
 from teola_core.engines.protocol import Call, CallResult, EngineLimits
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.errors import PrimitiveError

@@ -10,7 +10,7 @@ import pytest
 
 from teola.server.admission import Admission, Admit, Gate, Overloaded, Shed
 from teola.server.lag import LoopLag
-from teola_benchmarks.virtual_time import run_virtual
+from teola_adapters.simulated.virtual_time import run_virtual
 
 
 def test_admit_queue_shed_and_hand_over_in_order() -> None:
