@@ -42,14 +42,19 @@ def structural_tag(tags: Iterable[str], inherited: Iterable[str]) -> str | None:
 
 
 def short(key: str) -> str:
-    """A key as explain() prints it: the step's own element, then where it is."""
+    """A key as explain() prints it: the step's own name and tag, then the composites it is in."""
     if not key.startswith(PREFIX):
         return key
     *path, own = key[len(PREFIX) :].split("/")
-    return own if not path else f"{own} (in {' / '.join(path)})"
+    where = " > ".join(_untagged(e) for e in path)
+    return own if not path else f"{own} in {where}"
+
+
+def _untagged(element: str) -> str:
+    return element.rsplit("[", 1)[0] if element.endswith("]") else element
 
 
 def last_name(key: str) -> str:
     """The step's own run name (its key's last element without the tag)."""
     own = key[len(PREFIX) :].rsplit("/", 1)[-1] if key.startswith(PREFIX) else key
-    return own.rsplit("[", 1)[0] if own.endswith("]") else own
+    return _untagged(own)

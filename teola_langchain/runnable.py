@@ -64,6 +64,7 @@ from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
+from teola_langchain.advice import measured, report, seconds
 from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
@@ -97,6 +98,7 @@ class Plan:
     learned: Mapping[str, LatencyProfile]
     counts: Mapping[str, int]
     calls: int
+    given: frozenset[str] = frozenset()  # the keys of the given profiles (the engines' own included)
 
 
 class TeolaRunnable(Runnable[Input, Output]):
@@ -212,7 +214,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         for sub in traced.graphs():
             _optimize_graph(sub, self._passes, profiles)
         why = _what_pays(traced, self._engines.engines)
-        return Plan(traced, why, self._execution == "graph" or bool(why), profiles, learned, counts, self.learned.calls)
+        on_graph = self._execution == "graph" or bool(why)
+        return Plan(traced, why, on_graph, profiles, learned, counts, self.learned.calls, frozenset(given))
 
     def _call_done(self) -> None:
         """A call finished: re-plan when due (see the module docstring). Never raises into the call."""
@@ -285,10 +288,13 @@ class TeolaRunnable(Runnable[Input, Output]):
                 "queries): every call runs as LangChain runs it"
             )
         out.append(section("execution", how))
-        if self.plan.opaque:
-            out.append(section("steps run as one call", "\n".join(f"- {o}" for o in self.plan.opaque)))
+        advice = report(
+            self._first, self._plan, self._engines.engines, self.learned.calls, self.calls_on_graph, self.learn_after
+        )
+        out.extend(section(title, body) for title, body in advice)
         engines = [f"- {name}: {type(e).__name__}" for name, e in self._engines.engines.engines.items()]
         out.append(section("engines (profiles are keyed by these names)", "\n".join(engines) or "- none"))
+        out.append(section("steps (profiles are keyed by these names, or a step's own name)", self._steps_text()))
         for sub in self.plan.graphs():
             out.append(section(f"p-graph {sub.name}", sub.pgraph.summary()))
             out.append(section(f"passes applied to {sub.name}", "\n".join(f"- {p}" for p in sub.passes) or "- none"))
@@ -298,6 +304,17 @@ class TeolaRunnable(Runnable[Input, Output]):
                 path = draw_graph(sub.graph, Path(png_dir) / f"{_file_name(sub.name)}-egraph.png")
                 out.append(section(f"picture {sub.name}", str(path)))
         return "\n".join(out)
+
+    def _steps_text(self) -> str:
+        lines = []
+        for key, info in self.plan.steps.items():
+            timed = measured(self.profiles, key)
+            learned = key not in self._plan.given
+            how = f"{seconds(timed)} ({'learned' if learned else 'given'})" if timed is not None else "no time yet"
+            count = self._plan.counts.get(key)
+            items = f", writes {count} items" if count is not None else ""
+            lines.append(f"- {key}: {info.what}, {how}{items}")
+        return "\n".join(lines) or "- none"
 
     def close(self) -> None:
         """Stop the event-loop thread of the sync methods (it restarts if used again)."""

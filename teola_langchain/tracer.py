@@ -62,6 +62,7 @@ from teola_core.ir.prompt import PromptPlan
 from teola_core.ir.types import PortType
 from teola_core.passes.estimates import LATENCY_KEY
 from teola_langchain import keys, multi_query, steps
+from teola_langchain.advice import StepInfo, opaque_advice
 from teola_langchain.classes import class_of
 from teola_langchain.context import StepRef
 from teola_langchain.engines import EngineRegistry
@@ -121,7 +122,7 @@ class TracedChain:
     main: SubGraph
     subgraphs: list[SubGraph]
     opaque: list[str]
-    steps: dict[str, str] = field(default_factory=dict)
+    steps: dict[str, StepInfo] = field(default_factory=dict)
     blocked: list[Blocked] = field(default_factory=list)
 
     def graphs(self) -> list[SubGraph]:
@@ -178,7 +179,7 @@ class TraceSession:
         self.counts = counts  # a step key -> how many items it usually outputs (learned)
         self.subgraphs: list[SubGraph] = []
         self.opaque: list[str] = []
-        self.steps: dict[str, str] = {}
+        self.steps: dict[str, StepInfo] = {}
         self.blocked: list[Blocked] = []
         self._warn = warn
         self._noted: set[int] = set()
@@ -259,14 +260,15 @@ class GraphTracer:
     def _scope(self, label: str) -> str:
         return f"{label}#{next(self._scopes)}"
 
-    def key(self, r: Runnable[Any, Any], ref: StepRef, kind: str | None = None) -> str:
+    def key(self, r: Runnable[Any, Any], ref: StepRef, kind: str | None = None, opaque: str | None = None) -> str:
         """The step key of `r` at `ref` (`keys.py`); with `kind`, recorded for explain()."""
         if ref.scope is None and ref.tag is None:
             key = keys.CHAIN  # the chain itself (or the whole of it, one step)
         else:
             key = keys.child_key(self.paths[ref.scope], _run_name(r, ref), ref.tag)
         if kind is not None:
-            self.session.steps.setdefault(key, kind)
+            advice = opaque_advice(r, opaque) if opaque is not None else None
+            self.session.steps.setdefault(key, StepInfo(kind, type(r).__name__, opaque, advice))
         return key
 
     # -- dispatch --------------------------------------------------------------------
@@ -304,8 +306,7 @@ class GraphTracer:
         if reason is not None:
             self.session.note_opaque(r, reason)
         label = r.get_name()
-        kind = f"{type(r).__name__}" + (" (runs as one call)" if reason is not None else "")
-        key = self.key(r, ref, kind)
+        key = self.key(r, ref, "retriever" if isinstance(r, BaseRetriever) else "leaf", reason)
         out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label, key)
         return Ref(out, self._prompt_plan(r, sym) if is_prompt(r) else None)
 
@@ -449,7 +450,7 @@ class GraphTracer:
         if isinstance(plan, Decomposition):
             out = self._retrieve(body, plan, items, element, after=opened)
         else:
-            key = self.key(body, element, type(body).__name__)
+            key = self.key(body, element, "leaf")
             out = self._itemwise(
                 steps.invoke_items(body, element), {"items": items, "after": opened}, "map", label, key=key
             )
