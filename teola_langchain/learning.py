@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -56,19 +56,23 @@ class _Run:
 
 
 class Observer(BaseCallbackHandler):
-    """Times every run of one call and reports it to `book` (see the module docstring)."""
+    """Times every run of one call and reports it to `book` (see the module docstring).
+
+    clock: seconds, monotonic (tests pass a virtual one).
+    """
 
     run_inline = False  # see the module docstring
     raise_error = False
 
-    def __init__(self, book: LatencyBook) -> None:
+    def __init__(self, book: LatencyBook, clock: Callable[[], float] = time.perf_counter) -> None:
         self.book = book
+        self._clock = clock
         self._runs: dict[UUID, _Run] = {}
         self._lock = threading.Lock()
 
     # -- bookkeeping -----------------------------------------------------------------
     def _start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None, name: str) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         tags = list(tags or ())
         with self._lock:
             parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
@@ -80,7 +84,7 @@ class Observer(BaseCallbackHandler):
             self._runs[run_id] = _Run(keys.child_key(parent.key, name, tag), inherited, now)
 
     def _end(self, run_id: UUID, output: Any) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         with self._lock:
             run = self._runs.pop(run_id, None)
         if run is None:

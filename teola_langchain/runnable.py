@@ -39,6 +39,7 @@ import asyncio
 import contextvars
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -172,6 +173,7 @@ class TeolaRunnable(Runnable[Input, Output]):
                 "explain()): " + ", ".join(type(c).__name__ for c in unused)
             )
         self._replanning = threading.Lock()
+        self._clock = time.perf_counter  # what observations are timed with (tests give a virtual clock)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
         self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, (*hooks, SpanLearner(self.learned)))
         self._thread = LoopThread(f"teola:{self.name}")
@@ -339,7 +341,7 @@ class TeolaRunnable(Runnable[Input, Output]):
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         plan = self._plan
         try:
-            with observing(Observer(self.learned)):
+            with observing(Observer(self.learned, self._clock)):
                 if kwargs or not plan.on_graph or _loop_running():
                     return self.original.invoke(input, config, **kwargs)
                 self.calls_on_graph += 1
@@ -352,7 +354,7 @@ class TeolaRunnable(Runnable[Input, Output]):
     async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         plan = self._plan
         try:
-            with observing(Observer(self.learned)):
+            with observing(Observer(self.learned, self._clock)):
                 if kwargs or not plan.on_graph:
                     return await self.original.ainvoke(input, config, **kwargs)
                 self.calls_on_graph += 1
@@ -374,7 +376,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             return []
         plan = self._plan
         try:
-            with observing(Observer(self.learned)):
+            with observing(Observer(self.learned, self._clock)):
                 if kwargs or not plan.on_graph or _loop_running():
                     return self.original.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
                 self.calls_on_graph += 1
@@ -399,7 +401,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             return []
         plan = self._plan
         try:
-            with observing(Observer(self.learned)):
+            with observing(Observer(self.learned, self._clock)):
                 if kwargs or not plan.on_graph:
                     return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
                 self.calls_on_graph += 1

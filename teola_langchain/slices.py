@@ -99,7 +99,7 @@ class SlicedItems(ParserItems):
         return super().parse_output(output)[self.keep]
 
     def parser(self) -> ItemParser:
-        return _SlicedParser(super().parser(), self.keep)
+        return _SlicedParser(ParserItems(self.output_parser).parser(), self.keep)  # the whole list's parser
 
     def __repr__(self) -> str:
         return f"SlicedItems({type(self.output_parser).__name__}, {self.keep})"
