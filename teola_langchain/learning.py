@@ -11,9 +11,10 @@ touches a value. The alternatives lose: a handler added to the call's config is
 inherited into every child's `config["callbacks"]` (user code and tests see it); a local
 one on the root sees the root only. It is not `run_inline`: langchain-core 1.8's async
 `on_llm_start` skips every other handler of a manager that has an inline one, so an
-inline observer would hide model runs from the user's own tracers. The cost: an async
-run's start and end reach it through the loop's default executor, a hop of well under a
-millisecond unless the app's own sync steps keep every worker busy.
+inline observer would hide model runs from the user's own tracers. A sync call gets an
+`Observer` (sync methods, called in the step's own thread), an async call an
+`AsyncObserver` (coroutine methods, awaited on the loop): LangChain would send a sync,
+non-inline handler of an async run through the loop's executor, a thread hop per event.
 
 What is observed (into the runnable's `LatencyBook`): each run's wall time under its step
 key (`keys.py`; failed runs are not counted), the length of list outputs (how many items
@@ -177,6 +178,40 @@ def _name(serialized: dict[str, Any] | None, kwargs: dict[str, Any]) -> str:
         if isinstance(ids, list) and ids:
             return str(ids[-1])
     return "Unnamed"
+
+
+class AsyncObserver(Observer):
+    """The `Observer` of an async call: the same bookkeeping, as coroutines LangChain awaits on the loop."""
+
+    async def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_chain_start(self, serialized, inputs, **kwargs)
+
+    async def on_chain_end(self, outputs: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_chain_end(self, outputs, **kwargs)
+
+    async def on_chain_error(self, error: BaseException, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_chain_error(self, error, **kwargs)
+
+    async def on_retriever_start(self, serialized: Any, query: str, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_retriever_start(self, serialized, query, **kwargs)
+
+    async def on_retriever_end(self, documents: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_retriever_end(self, documents, **kwargs)
+
+    async def on_retriever_error(self, error: BaseException, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_retriever_error(self, error, **kwargs)
+
+    async def on_llm_start(self, serialized: Any, prompts: list[str], **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_llm_start(self, serialized, prompts, **kwargs)
+
+    async def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_chat_model_start(self, serialized, messages, **kwargs)
+
+    async def on_llm_end(self, response: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_llm_end(self, response, **kwargs)
+
+    async def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:  # type: ignore[override]
+        Observer.on_llm_error(self, error, **kwargs)
 
 
 @contextmanager

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -72,7 +74,7 @@ from teola_langchain.context import OpenRun, QueryContext
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry, LangChainLLMEngine
 from teola_langchain.explain import mermaid, section
 from teola_langchain.keys import last_name
-from teola_langchain.learning import Observer, SpanLearner, observing
+from teola_langchain.learning import AsyncObserver, Observer, SpanLearner, observing
 from teola_langchain.patched import runs_own_code
 from teola_langchain.steps import run_graph
 from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
@@ -81,6 +83,7 @@ log = logging.getLogger("teola.langchain")
 
 LEARN_AFTER = 3  # calls before the first plan with learned figures
 MIN_SAMPLES = 3  # observations of a step before its median is used
+OBSERVE_EVERY = 4  # once learned, one call in this many is timed
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,12 @@ class TeolaRunnable(Runnable[Input, Output]):
                 "explain()): " + ", ".join(type(c).__name__ for c in unused)
             )
         self._replanning = threading.Lock()
+        self._started = itertools.count()  # calls started (which are observed: `_observed`)
+        self._looked_at = -1  # the book's version at the last look for a new plan
         self._clock = time.perf_counter  # what observations are timed with (tests give a virtual clock)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
-        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, (*hooks, SpanLearner(self.learned)))
+        learner = (SpanLearner(self.learned),) if self._learning() else ()
+        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy, (*hooks, *learner))
         self._thread = LoopThread(f"teola:{self.name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)
@@ -225,6 +231,9 @@ class TeolaRunnable(Runnable[Input, Output]):
         if not self._learning() or calls < self.learn_after or not self._replanning.acquire(blocking=False):
             return
         try:
+            if self.learned.version == self._looked_at:
+                return
+            self._looked_at = self.learned.version
             plan = self._plan
             learned, counts = self.learned.profiles(MIN_SAMPLES), self.learned.counts(MIN_SAMPLES)
             if differs(plan.learned, learned) or plan.counts != counts:
@@ -236,6 +245,15 @@ class TeolaRunnable(Runnable[Input, Output]):
             log.exception("teola: %s stops learning (its current plan stays); the error was", self.name)
         finally:
             self._replanning.release()
+
+    def _observed(self, asynchronous: bool) -> AbstractContextManager[None]:
+        """Where this call's runs are timed (see `learning.py`): every call until the first learned
+        plan, then one in `OBSERVE_EVERY` (a callback handler costs every run a little); none
+        when not learning."""
+        started = next(self._started)
+        if not self._learning() or (started >= self.learn_after and started % OBSERVE_EVERY):
+            return nullcontext()
+        return observing((AsyncObserver if asynchronous else Observer)(self.learned, self._clock))
 
     def save_profiles(self, path: str | Path | None = None) -> Path:
         """Write what was learned (to `path`, or the `profiles=` file): a later `optimize(...,
@@ -341,7 +359,7 @@ class TeolaRunnable(Runnable[Input, Output]):
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         plan = self._plan
         try:
-            with observing(Observer(self.learned, self._clock)):
+            with self._observed(False):
                 if kwargs or not plan.on_graph or _loop_running():
                     return self.original.invoke(input, config, **kwargs)
                 self.calls_on_graph += 1
@@ -354,7 +372,7 @@ class TeolaRunnable(Runnable[Input, Output]):
     async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         plan = self._plan
         try:
-            with observing(Observer(self.learned, self._clock)):
+            with self._observed(True):
                 if kwargs or not plan.on_graph:
                     return await self.original.ainvoke(input, config, **kwargs)
                 self.calls_on_graph += 1
@@ -376,7 +394,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             return []
         plan = self._plan
         try:
-            with observing(Observer(self.learned, self._clock)):
+            with self._observed(False):
                 if kwargs or not plan.on_graph or _loop_running():
                     return self.original.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
                 self.calls_on_graph += 1
@@ -401,7 +419,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             return []
         plan = self._plan
         try:
-            with observing(Observer(self.learned, self._clock)):
+            with self._observed(True):
                 if kwargs or not plan.on_graph:
                     return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
                 self.calls_on_graph += 1

@@ -49,18 +49,21 @@ class LatencyBook:
         self._samples: dict[tuple[str, str], dict[int, deque[tuple[float, float]]]] = {}
         self._counts: dict[str, deque[int]] = {}
         self.calls = 0  # whole calls of the app observed (see `call_done`)
+        self.version = 0  # grows with every observation: whether anything is new since a look
 
     def observe(self, key: str, op: str, x: float, seconds: float) -> None:
         """One run of `op` on `key` took `seconds` for `x` items (or tokens)."""
         if x <= 0 or seconds < 0 or not math.isfinite(seconds):
             return
         with self._lock:
+            self.version += 1
             buckets = self._samples.setdefault((key, op), {})
             buckets.setdefault(_bucket(x), deque(maxlen=self.window)).append((float(x), float(seconds)))
 
     def observe_count(self, key: str, n: int) -> None:
         """`key` produced `n` items this time."""
         with self._lock:
+            self.version += 1
             self._counts.setdefault(key, deque(maxlen=self.window)).append(int(n))
 
     def call_done(self) -> int:

@@ -79,7 +79,7 @@ def key_chain() -> Any:
 
 @pytest.mark.parametrize("execution", ["auto", "graph"])
 def test_every_traced_step_is_observed_under_its_key(execution: str) -> None:
-    fast = optimize(key_chain(), execution=execution, learn=False)
+    fast = optimize(key_chain(), execution=execution)  # two calls: both observed
     fast.invoke({"question": "why cats"})
     fast.batch([{"question": "a"}, {"question": "b" * 120}])  # both branches run
     observed = {entry["key"] for entry in fast.learned.to_json()["latencies"]}  # type: ignore[index,union-attr]
