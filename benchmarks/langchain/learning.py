@@ -138,9 +138,7 @@ def _warmups(fast: Any) -> int:
     return int(fast._engines.engines["llm:ChatOpenAI"].warmer.stats.warmups)
 
 
-async def run(
-    time_scale: float = 1.0, retrieval_s: float = 0.3, warmups: int = 5, queries: int = 10
-) -> LearningResult:
+async def run(time_scale: float = 1.0, retrieval_s: float = 0.3, warmups: int = 5, queries: int = 10) -> LearningResult:
     with SimServers(time_scale=time_scale) as servers:
         chain = build_chain(servers.base_url, retrieval_s)
         learned = teola.optimize(chain, warn=False)
