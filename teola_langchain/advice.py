@@ -109,14 +109,18 @@ def prefill_blockers(
     for node in pgraph.nodes.values():
         if node.kind != PrimitiveKind.PREFILL:
             continue
-        model = short(str(node.config.get(LATENCY_KEY, node.label)))
+        decode = next((pgraph.nodes[e.dst] for e in pgraph.data_out(node.id)), node)
+        model = short(str(decode.config.get(LATENCY_KEY, node.label)))
         plan = node.config.get("prompt_plan")
         if node.id in split:
             cannot = warms(node.engine)
             if cannot is not None:
                 out.append(f"- {model}: its prompt's start is ready early, but {cannot}")
             continue
+        late_prompt = max((finish[p] for p in pgraph.predecessors(node.id)), default=0.0) >= min_overlap
         if not isinstance(plan, PromptPlan):
+            if not late_prompt:  # the prompt is ready at once: there is nothing to overlap it with
+                continue
             out.append(
                 f"- {model}: no start of its prompt is known to be ready early: the prompt is not a template fed "
                 'by a dict of separately computed fields (as in `{"context": retriever, "question": ...} | prompt`)'
@@ -139,7 +143,7 @@ def prefill_blockers(
                 else f"its variables are all ready within {seconds(min_overlap)} of each other: nothing to overlap"
             )
             out.append(f"- {model}: its prompt is not warmed early: {why}")
-        elif first == late:
+        elif first == late and any(ready[late] - t >= min_overlap for t in ready.values()):
             out.append(
                 f"- {model}: its prompt starts with {{{late}}}, the variable that comes last"
                 + (f" (from {short(slowest[0])})" if slowest[0] else "")
@@ -207,7 +211,8 @@ def report(
         + ("".join(f"; {text}" for _, text in gains) if gains else ""),
     ]
     if first is not plan:
-        what = "; ".join(p for sub in first.traced.graphs() for p in sub.passes if p.startswith("applied")) or "none"
+        applied = [p.removeprefix("applied ") for sub in first.traced.graphs() for p in sub.passes]
+        what = "; ".join(dict.fromkeys(p for p in applied if " " not in p)) or "none"
         lines.append(
             f"- the plan made at optimize(), before anything was learned (passes applied: {what}): "
             f"{seconds(before.teola)} by today's figures"
