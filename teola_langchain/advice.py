@@ -138,7 +138,7 @@ def prefill_blockers(
                 dict.fromkeys(short(k) for _, src, _ in plan.sources for k in _slowest_before(pgraph, src, ctx)[1])
             )
             why = (
-                f"the time of {'; '.join(missing)} is not known yet (learned after a few calls)"
+                f"the time of {_some(missing)} is not known yet (learned after a few calls)"
                 if missing
                 else f"its variables are all ready within {seconds(min_overlap)} of each other: nothing to overlap"
             )
@@ -150,6 +150,11 @@ def prefill_blockers(
                 + ": put what is ready early (instructions, the question, a user's document) before it"
             )
     return out
+
+
+def _some(names: Sequence[str], most: int = 4) -> str:
+    more = f"; and {len(names) - most} more" if len(names) > most else ""
+    return "; ".join(names[:most]) + more
 
 
 def _slowest_before(graph: Graph, node_id: str, ctx: PassContext) -> tuple[str | None, list[str]]:
@@ -229,7 +234,7 @@ def report(
         lines.append(seen)
     missing = unmeasured([sub.graph for sub in plan.traced.graphs()], plan.profiles)
     if missing:
-        lines.append("- no time known yet for (counted as 0 s): " + "; ".join(missing))
+        lines.append("- no time known yet for (counted as 0 s): " + _some(missing))
     blocked = [
         f"- {short(k)}: runs as one call ({info.opaque}). {info.advice}"
         for k, info in plan.traced.steps.items()
