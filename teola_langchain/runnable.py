@@ -43,7 +43,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -246,6 +246,17 @@ class TeolaRunnable(Runnable[Input, Output]):
         finally:
             self._replanning.release()
 
+    @contextmanager
+    def _calling(self, *, asynchronous: bool) -> Iterator[Plan]:
+        """One call: the plan it runs on (the current one, kept to its end), timed when due
+        (`_observed`), then a look at whether a new plan is due (`_call_done`)."""
+        plan = self._plan
+        try:
+            with self._observed(asynchronous):
+                yield plan
+        finally:
+            self._call_done()
+
     def _observed(self, asynchronous: bool) -> AbstractContextManager[None]:
         """Where this call's runs are timed (see `learning.py`): every call until the first learned
         plan, then one in `OBSERVE_EVERY` (a callback handler costs every run a little); none
@@ -357,29 +368,21 @@ class TeolaRunnable(Runnable[Input, Output]):
         return await run_graph(plan.traced.main, value, ctx)
 
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
-        plan = self._plan
-        try:
-            with self._observed(False):
-                if kwargs or not plan.on_graph or _loop_running():
-                    return self.original.invoke(input, config, **kwargs)
-                self.calls_on_graph += 1
-                config = ensure_config(config)
-                caller = contextvars.copy_context()
-                return self._thread.run(self._execute(plan, input, config, True, caller))
-        finally:
-            self._call_done()
+        with self._calling(asynchronous=False) as plan:
+            if kwargs or not plan.on_graph or _loop_running():
+                return self.original.invoke(input, config, **kwargs)
+            self.calls_on_graph += 1
+            config = ensure_config(config)
+            caller = contextvars.copy_context()
+            return self._thread.run(self._execute(plan, input, config, True, caller))
 
     async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
-        plan = self._plan
-        try:
-            with self._observed(True):
-                if kwargs or not plan.on_graph:
-                    return await self.original.ainvoke(input, config, **kwargs)
-                self.calls_on_graph += 1
-                config = ensure_config(config)
-                return await self._execute(plan, input, config, False, contextvars.copy_context())
-        finally:
-            self._call_done()
+        with self._calling(asynchronous=True) as plan:
+            if kwargs or not plan.on_graph:
+                return await self.original.ainvoke(input, config, **kwargs)
+            self.calls_on_graph += 1
+            config = ensure_config(config)
+            return await self._execute(plan, input, config, False, contextvars.copy_context())
 
     # -- batch -----------------------------------------------------------------------
     def batch(
@@ -392,20 +395,16 @@ class TeolaRunnable(Runnable[Input, Output]):
     ) -> list[Output]:
         if not inputs:
             return []
-        plan = self._plan
-        try:
-            with self._observed(False):
-                if kwargs or not plan.on_graph or _loop_running():
-                    return self.original.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-                self.calls_on_graph += 1
-                configs = get_config_list(config, len(inputs))
-                caller = contextvars.copy_context()
-                roots = self._open_roots(inputs, configs) if self._batches_as_sequence else None
-                gathered = self._gather(plan, inputs, configs, True, caller, roots, return_exceptions)
-                results, raised = self._thread.run(gathered)
-                return self._batch_results(results, raised, roots)
-        finally:
-            self._call_done()
+        with self._calling(asynchronous=False) as plan:
+            if kwargs or not plan.on_graph or _loop_running():
+                return self.original.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+            self.calls_on_graph += 1
+            configs = get_config_list(config, len(inputs))
+            caller = contextvars.copy_context()
+            roots = self._open_roots(inputs, configs) if self._batches_as_sequence else None
+            gathered = self._gather(plan, inputs, configs, True, caller, roots, return_exceptions)
+            results, raised = self._thread.run(gathered)
+            return self._batch_results(results, raised, roots)
 
     async def abatch(
         self,
@@ -417,19 +416,15 @@ class TeolaRunnable(Runnable[Input, Output]):
     ) -> list[Output]:
         if not inputs:
             return []
-        plan = self._plan
-        try:
-            with self._observed(True):
-                if kwargs or not plan.on_graph:
-                    return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-                self.calls_on_graph += 1
-                configs = get_config_list(config, len(inputs))
-                caller = contextvars.copy_context()
-                roots = await self._aopen_roots(inputs, configs) if self._batches_as_sequence else None
-                results, raised = await self._gather(plan, inputs, configs, False, caller, roots, return_exceptions)
-                return await self._abatch_results(results, raised, roots)
-        finally:
-            self._call_done()
+        with self._calling(asynchronous=True) as plan:
+            if kwargs or not plan.on_graph:
+                return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+            self.calls_on_graph += 1
+            configs = get_config_list(config, len(inputs))
+            caller = contextvars.copy_context()
+            roots = await self._aopen_roots(inputs, configs) if self._batches_as_sequence else None
+            results, raised = await self._gather(plan, inputs, configs, False, caller, roots, return_exceptions)
+            return await self._abatch_results(results, raised, roots)
 
     def _open_roots(self, inputs: list[Any], configs: list[RunnableConfig]) -> list[OpenRun]:
         """Every input's sequence run, opened before any step runs (`RunnableSequence.batch`)."""
