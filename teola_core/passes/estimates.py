@@ -11,7 +11,10 @@ A node's estimate, in order:
    with a `run` curve: that step's whole run, as observed;
 3. otherwise 0 (inline work, or nothing known).
 
-A partial decode is 1/count of its decode: the stream's items share one generation.
+A decode that has both takes the larger: the step's observed run is the model's whole call
+(its prompt's prefill included), which an engine curve charged per output token cannot
+know at plan time. A partial decode is 1/count of its decode: the stream's items share
+one generation.
 
     finish = finish_times(graph, ctx)          # when each node's outputs are ready
     critical_path(graph, ctx), serial_time(graph, ctx)
@@ -68,9 +71,9 @@ def step_latency(node: Node, ctx: PassContext) -> float | None:
 def estimated_latency(node: Node, ctx: PassContext) -> float:
     """Seconds the node is expected to run alone (0 when nothing is known about it)."""
     seconds = engine_latency(node, ctx)
-    if seconds is None:
-        seconds = step_latency(node, ctx)
-    return seconds or 0.0
+    if seconds is None or node.kind in _DECODES:
+        seconds = max(seconds or 0.0, step_latency(node, ctx) or 0.0)
+    return seconds
 
 
 def finish_times(graph: Graph, ctx: PassContext) -> dict[str, float]:

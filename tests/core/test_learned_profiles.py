@@ -108,3 +108,16 @@ def test_partial_decodes_share_their_decodes_time() -> None:
     parts = [n for n in graph.nodes.values() if n.kind == K.PARTIAL_DECODE]
     assert len(parts) == 3 and all(estimated_latency(p, ctx) == pytest.approx(0.1) for p in parts)
     assert critical_path(graph, ctx) == pytest.approx(0.3) == serial_time(graph, ctx)
+
+
+def test_a_models_observed_call_outweighs_a_per_token_decode_estimate() -> None:
+    b = GraphBuilder("one")
+    q = b.input("q", PortType.TEXT)
+    b.output(answer=b.llm(b.format("{q}", q=q), engine="llm", max_tokens=10).text)
+    graph = b.build()
+    decode = graph.nodes["llm.decode"].with_config(**{LATENCY_KEY: "step:model"})
+    engine = {"llm": LatencyProfile("llm", {"decode": Curve(((1, 0.01),))})}
+    step = {"step:model": LatencyProfile("step:model", {"run": Curve(((1, 0.5),))})}
+    assert estimated_latency(decode, PassContext(profiles=engine)) == pytest.approx(0.1)
+    assert estimated_latency(decode, PassContext(profiles={**engine, **step})) == 0.5  # prompt's prefill included
+    assert estimated_latency(graph.nodes["llm.prefill"], PassContext(profiles=step)) == 0.0
