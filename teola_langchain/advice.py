@@ -214,7 +214,13 @@ def report(
         f"- as LangChain runs it: {seconds(now.langchain)} on the critical path "
         f"({seconds(now.serial)} if every step ran after the one before)",
         f"- on Teola's plan: {seconds(max(0.0, now.teola - saved))}"
-        + ("".join(f"; {text}" for _, text in gains) if gains else ""),
+        + "".join(f"; {text}" for _, text in gains)
+        + (
+            " (a saving is estimated once the model has warmed on the graph and its engine has a profile "
+            "with a prefill curve)"
+            if any(g == 0.0 for g, _ in gains)
+            else ""
+        ),
     ]
     if first is not plan:
         applied = [p.removeprefix("applied ") for sub in first.traced.graphs() for p in sub.passes]
@@ -291,14 +297,7 @@ def _prefill_gains(traced: Any, profiles: Mapping[str, LatencyProfile], engines:
             tokens = stats.warm_tokens / stats.warmups if stats is not None and stats.warmups else None
             profile = profiles.get(node.engine)
             if tokens is None or profile is None or "prefill" not in profile.curves:
-                out.append(
-                    (
-                        0.0,
-                        f"{node.engine} warms its prompt's ready start during {seconds(overlap)} of other work, "
-                        "then prefills only the rest (the saving is estimated once it has warmed on the graph "
-                        f"and {node.engine} has a profile with a prefill curve)",
-                    )
-                )
+                out.append((0.0, f"{node.engine} warms a prompt's ready start during {seconds(overlap)} of other work"))
                 continue
             prefill = profile.latency("prefill", tokens)
             gain = min(prefill, overlap)
