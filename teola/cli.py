@@ -22,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from teola.profiling import add_profile_command
 
     add_profile_command(commands)
+    from teola.explaining import add_explain_command
+
+    add_explain_command(commands)
     args = parser.parse_args(argv)
     return int(args.handler(args) or 0)
 

@@ -76,6 +76,21 @@ def close_run(scope: str) -> Step:
     return run
 
 
+def close_sliced_map(scope: str) -> Step:
+    """End a pipelined map that follows a proven list slice (`slices.py`): the slice step's
+    own output (`inputs`, the map's input) must be the items its body ran on."""
+
+    async def run(value: Any, ctx: QueryContext, inputs: Any, items: list[Any]) -> Any:
+        if not isinstance(inputs, list) or inputs != list(items):
+            raise RuntimeError(
+                f"teola: the step before the map returned {inputs!r}, not the slice of the model's items "
+                f"{list(items)!r} its code proves; please report this chain"
+            )
+        return await runs.close_run(ctx, scope, value, inputs)
+
+    return run
+
+
 def close_dict(scope: str, keys: Sequence[str]) -> Step:
     """`RunnableParallel`'s output (a dict in the order of its steps), then its run ends."""
     ports = [f"p{i}" for i in range(len(keys))]

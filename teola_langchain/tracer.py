@@ -22,11 +22,19 @@ Recognition is by class; dict keys are never interpreted.
 Where a prompt's variables come from separate steps (a dict built by a parallel), the
 tracer records that on the model's PREFILL (`PromptPlan`), so prefill split can warm the
 ready start of the prompt while the rest is still computed.
+
+Every node that runs a step of the chain (a leaf, a model's decode, a map, a retriever's
+embedding) carries the step's key (`keys.py`) as `config[LATENCY_KEY]`: the passes plan
+with the step's observed run time (`teola_core.passes.estimates`). A `model | list
+parser | .map(body)` run (optionally with a proven list slice before the map,
+`slices.py`) pipelines the model's items into the body when the number of items is known:
+`expected_items=`, or learned from the parser's past outputs (`TraceSession.counts`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any
@@ -52,7 +60,9 @@ from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Capabilities, MergeMode, PortSpec, PrimitiveKind
 from teola_core.ir.prompt import PromptPlan
 from teola_core.ir.types import PortType
-from teola_langchain import multi_query, steps
+from teola_core.passes.estimates import LATENCY_KEY
+from teola_langchain import keys, multi_query, steps
+from teola_langchain.advice import StepInfo, opaque_advice
 from teola_langchain.classes import class_of
 from teola_langchain.context import StepRef
 from teola_langchain.engines import EngineRegistry
@@ -61,6 +71,7 @@ from teola_langchain.parsers import ParserItems, is_recognised
 from teola_langchain.patched import runs_own_code
 from teola_langchain.prompts import describe, is_prompt
 from teola_langchain.retrievers import Decomposition, decompose
+from teola_langchain.slices import SlicedItems, list_slice, sliced_count
 from teola_langchain.values import MISSING
 
 # An LLM's max_tokens when the model does not say: an estimate for scheduling only.
@@ -91,13 +102,28 @@ class SubGraph:
     passes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """A place where an optimization could apply but does not: the step, why, what would help."""
+
+    key: str
+    why: str
+    advice: str
+
+
 @dataclass
 class TracedChain:
-    """The result of tracing: the main graph, nested graphs (map bodies), what stayed opaque."""
+    """The result of tracing: the main graph, nested graphs (map bodies), what stayed opaque.
+
+    steps: the key of every step whose run time the plan uses, with what it is;
+    blocked: where decode pipelining could apply and does not.
+    """
 
     main: SubGraph
     subgraphs: list[SubGraph]
     opaque: list[str]
+    steps: dict[str, StepInfo] = field(default_factory=dict)
+    blocked: list[Blocked] = field(default_factory=list)
 
     def graphs(self) -> list[SubGraph]:
         return [self.main, *self.subgraphs]
@@ -140,11 +166,21 @@ Sym = Ref | DictValue
 class TraceSession:
     """State shared by the graphs of one trace: engines, nested graphs, opaque-step notes."""
 
-    def __init__(self, engines: EngineRegistry, *, warn: bool = True, expected_items: int | None = None) -> None:
+    def __init__(
+        self,
+        engines: EngineRegistry,
+        *,
+        warn: bool = True,
+        expected_items: int | None = None,
+        counts: Callable[[str], int | None] | None = None,
+    ) -> None:
         self.engines = engines
         self.expected_items = expected_items
+        self.counts = counts  # a step key -> how many items it usually outputs (learned)
         self.subgraphs: list[SubGraph] = []
         self.opaque: list[str] = []
+        self.steps: dict[str, StepInfo] = {}
+        self.blocked: list[Blocked] = []
         self._warn = warn
         self._noted: set[int] = set()
 
@@ -152,10 +188,17 @@ class TraceSession:
         runnable = coerce_to_runnable(runnable)
         start = len(self.subgraphs)
         graph = GraphTracer(name or runnable.get_name(), self).trace(runnable, StepRef())
-        return TracedChain(SubGraph(graph.name, graph, graph), self.subgraphs[start:], list(self.opaque))
+        main = SubGraph(graph.name, graph, graph)
+        return TracedChain(main, self.subgraphs[start:], list(self.opaque), dict(self.steps), list(self.blocked))
 
-    def subgraph(self, name: str, body: Runnable[Any, Any], ref: StepRef) -> SubGraph:
-        graph = GraphTracer(name, self).trace(body, ref)
+    def items_of(self, parser_key: str) -> int | None:
+        """How many items the model before the parser `parser_key` is expected to write."""
+        if self.expected_items is not None:
+            return self.expected_items
+        return self.counts(parser_key) if self.counts is not None else None
+
+    def subgraph(self, name: str, body: Runnable[Any, Any], ref: StepRef, paths: dict[str | None, str]) -> SubGraph:
+        graph = GraphTracer(name, self, paths).trace(body, ref)
         sub = SubGraph(name, graph, graph)
         self.subgraphs.append(sub)
         return sub
@@ -183,13 +226,14 @@ def trace(runnable: Runnable[Any, Any] | Any, engines: EngineRegistry, *, warn: 
 class GraphTracer:
     """Builds one graph by walking the runnable (see the module docstring)."""
 
-    def __init__(self, name: str, session: TraceSession) -> None:
+    def __init__(self, name: str, session: TraceSession, paths: dict[str | None, str] | None = None) -> None:
         self.session = session
         self.name = name
         self.b = GraphBuilder(name)
         self.input = self.b.input("input")
         self.ctx = self.b.input("context")
         self._scopes = count()
+        self.paths: dict[str | None, str] = {None: keys.CHAIN, **(paths or {})}  # run scope -> its step key
 
     def trace(self, runnable: Runnable[Any, Any], ref: StepRef) -> Graph:
         result = self.step(runnable, Ref(self.input), ref)
@@ -200,11 +244,32 @@ class GraphTracer:
     def whole(sym: Sym) -> Value:
         return sym.value if isinstance(sym, Ref) else sym.whole
 
-    def _user(self, fn: Any, inputs: dict[str, Value], name: str, label: str) -> Value:
-        return self.b.call(fn, {**inputs, "ctx": self.ctx}, name=f"{label}.{name}", label=label)
+    def _user(self, fn: Any, inputs: dict[str, Value], name: str, label: str, key: str | None = None) -> Value:
+        ports = {**inputs, "ctx": self.ctx}
+        node = self.b.add(
+            PrimitiveKind.CALL,
+            ports,
+            config={"fn": fn, "inline": False, **({LATENCY_KEY: key} if key is not None else {})},
+            input_ports=tuple(PortSpec(p, PortType.ANY) for p in ports),
+            output_ports=(PortSpec("value", PortType.ANY),),
+            name=f"{label}.{name}",
+            label=label,
+        )
+        return Value(node.id, "value")
 
     def _scope(self, label: str) -> str:
         return f"{label}#{next(self._scopes)}"
+
+    def key(self, r: Runnable[Any, Any], ref: StepRef, kind: str | None = None, opaque: str | None = None) -> str:
+        """The step key of `r` at `ref` (`keys.py`); with `kind`, recorded for explain()."""
+        if ref.scope is None and ref.tag is None:
+            key = keys.CHAIN  # the chain itself (or the whole of it, one step)
+        else:
+            key = keys.child_key(self.paths[ref.scope], _run_name(r, ref), ref.tag)
+        if kind is not None:
+            advice = opaque_advice(r, opaque) if opaque is not None else None
+            self.session.steps.setdefault(key, StepInfo(kind, type(r).__name__, opaque, advice))
+        return key
 
     # -- dispatch --------------------------------------------------------------------
     def step(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef) -> Sym:
@@ -241,7 +306,8 @@ class GraphTracer:
         if reason is not None:
             self.session.note_opaque(r, reason)
         label = r.get_name()
-        out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label)
+        key = self.key(r, ref, "retriever" if isinstance(r, BaseRetriever) else "leaf", reason)
+        out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label, key)
         return Ref(out, self._prompt_plan(r, sym) if is_prompt(r) else None)
 
     def _prompt_plan(self, prompt: Any, sym: Sym) -> PromptPlan | None:
@@ -264,6 +330,7 @@ class GraphTracer:
     # -- composites ------------------------------------------------------------------
     def _open(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef) -> tuple[str, Value]:
         scope = self._scope(r.get_name())
+        self.paths[scope] = self.key(r, ref)
         opened = self._user(steps.open_run(scope, ref, r.get_name()), {"value": self.whole(sym)}, "open", r.get_name())
         return scope, opened
 
@@ -288,66 +355,119 @@ class GraphTracer:
                     current = self.barrier_step(s, current, replace(child, barrier=i))
                     i += 1
                     continue
-            pipelined = self._pipelinable(chain, i)
-            if pipelined is not None:
-                current = self.pipelined(*pipelined, current, scope, i)
-                i += 3
+            pipeline = self._pipelinable(chain, i, scope)
+            if pipeline is not None:
+                current = self.pipelined(pipeline, current, scope, i)
+                i += 4 if pipeline.trim is not None else 3
                 continue
             current = self.step(s, current, child)
             i += 1
         closed = self._close(r, scope, self.whole(current))
         return _carry(current, closed)
 
-    def _pipelinable(self, chain: list[Runnable[Any, Any]], i: int) -> tuple[Any, Any, Any, int] | None:
-        """(model, list parser, map, expected items) when steps i..i+2 can pipeline the model's items."""
-        n = self.session.expected_items
-        if n is None or n < 2 or i + 2 >= len(chain) or language_model(chain[i]) is None:
+    def _pipelinable(self, chain: list[Runnable[Any, Any]], i: int, scope: str) -> _Pipeline | None:
+        """Steps i.. are `model | list parser | [proven slice] | .map(body)` and the number of
+        items is known (`expected_items=`, or learned): the plan to pipeline them; else None
+        (and, where only the count or the shape is missing, a note for explain())."""
+        if i + 2 >= len(chain) or language_model(chain[i]) is None:
             return None
-        model, parser, each = chain[i], chain[i + 1], chain[i + 2]
-        if not is_recognised(parser):  # its result, as a list, is what the map iterates
+        model, parser = chain[i], chain[i + 1]
+        keep = list_slice(chain[i + 2]) if i + 3 < len(chain) else None
+        trim = chain[i + 2] if keep is not None else None
+        each = chain[i + 3] if keep is not None else chain[i + 2]
+        if not _is_map(each):
+            if i + 3 < len(chain) and _is_map(chain[i + 3]) and is_recognised(parser):
+                self._block(
+                    chain[i + 2],
+                    StepRef(scope, f"seq:step:{i + 3}"),
+                    "it stands between the list parser and the .map(), and is not a list slice Teola can prove, "
+                    "so the model's items cannot go to the map while it writes",
+                    "put the .map() right after the parser, or keep items with a plain `lambda xs: xs[:k]`",
+                )
             return None
-        if class_of(each) is not RunnableEach or not runs_own_code(each, RunnableEach):
+        parser_ref = StepRef(scope, f"seq:step:{i + 2}")
+        if not is_recognised(parser):
+            self._block(
+                parser,
+                parser_ref,
+                "a .map() follows it, but Teola cannot read this parser's items as the model writes them",
+                "use a list parser Teola streams: teola_langchain.parsers.LineListOutputParser, "
+                "NumberedListOutputParser or MarkdownListOutputParser",
+            )
             return None
         body = each.bound
         decomposable = isinstance(decompose(body) if isinstance(body, BaseRetriever) else None, Decomposition)
         if not decomposable and not steps.batches_per_item(body):
             return None
-        return model, parser, each, n
+        count = self.session.items_of(self.key(parser, parser_ref))
+        n = count if keep is None else sliced_count(count, keep)
+        if n is None or n < 2:
+            why = (
+                "the number of items it writes is not known yet (it is learned from the parser's outputs "
+                "after a few calls)"
+                if n is None
+                else f"it writes {count} item(s), {n} of which reach the map: nothing to overlap"
+            )
+            self._block(
+                model,
+                StepRef(scope, f"seq:step:{i + 1}"),
+                f"decode pipelining into the .map() is not planned: {why}",
+                "pass expected_items=N to plan it from the first call" if n is None else "nothing to change",
+            )
+            return None
+        return _Pipeline(model, parser, trim, keep, each, n)
 
-    def pipelined(self, model: Any, parser: Any, each: Any, n: int, sym: Sym, scope: str, i: int) -> Sym:
-        """model | list parser | .map(body): each item goes to the body while the model writes the next.
+    def _block(self, r: Runnable[Any, Any], ref: StepRef, why: str, advice: str) -> None:
+        self.session.blocked.append(Blocked(self.key(r, ref), why, advice))
 
-        The model streams (its own `stream`); the parser runs on its whole output, as
-        always; the map's run opens when the model starts and ends with the parser's list
-        as its input, as LangChain's streaming records a run whose input arrives later.
+    def pipelined(self, p: _Pipeline, sym: Sym, scope: str, i: int) -> Sym:
+        """model | list parser | [slice] | .map(body): each item goes to the body while the model writes the next.
+
+        The model streams (its own `stream`); the parser (and the slice step) run on its
+        whole output, as always; the map's run opens when the model starts and ends with
+        the list it was given as its input, as LangChain's streaming records a run whose
+        input arrives later. With a slice, the decode's items are the slice of the
+        parser's (`SlicedItems`), checked against the slice step's own output at the end.
         """
-        text, items = self.model(model, sym, StepRef(scope, f"seq:step:{i + 1}"), unit=(ParserItems(parser), n))
-        parsed = self.leaf(parser, Ref(text), StepRef(scope, f"seq:step:{i + 2}"), None)
-        label = each.get_name()
+        unit = ParserItems(p.parser) if p.keep is None else SlicedItems(p.parser, p.keep)
+        text, items = self.model(p.model, sym, StepRef(scope, f"seq:step:{i + 1}"), unit=(unit, p.n))
+        given = self.leaf(p.parser, Ref(text), StepRef(scope, f"seq:step:{i + 2}"), None)
+        if p.trim is not None:
+            given = self.leaf(p.trim, given, StepRef(scope, f"seq:step:{i + 3}"), None)
+        label = p.each.get_name()
+        each_ref = StepRef(scope, f"seq:step:{i + (4 if p.trim is not None else 3)}")
         each_scope = self._scope(label)
+        self.paths[each_scope] = self.key(p.each, each_ref, "map")
         opened = self._user(
-            steps.open_run(each_scope, StepRef(scope, f"seq:step:{i + 3}"), label, streaming=True),
+            steps.open_run(each_scope, each_ref, label, streaming=True),
             {"value": self.whole(sym)},
             "open",
             label,
         )
         element = StepRef(each_scope, None)
-        body = each.bound
+        body = p.each.bound
         plan = decompose(body) if isinstance(body, BaseRetriever) else None
         if isinstance(plan, Decomposition):
             out = self._retrieve(body, plan, items, element, after=opened)
         else:
-            out = self._itemwise(steps.invoke_items(body, element), {"items": items, "after": opened}, "map", label)
-        closed = self._user(steps.close_run(each_scope), {"value": out, "inputs": self.whole(parsed)}, "close", label)
-        return Ref(closed)
+            key = self.key(body, element, "leaf")
+            out = self._itemwise(
+                steps.invoke_items(body, element), {"items": items, "after": opened}, "map", label, key=key
+            )
+        inputs = {"value": out, "inputs": self.whole(given)}
+        close = steps.close_run(each_scope)
+        if p.trim is not None:
+            inputs["items"] = items
+            close = steps.close_sliced_map(each_scope)
+        return Ref(self._user(close, inputs, "close", label))
 
     def parallel(self, r: RunnableParallel[Any], sym: Sym, ref: StepRef) -> Sym:
         scope, opened = self._open(r, sym, ref)
         given = _carry(sym, opened)
-        keys = list(r.steps__)
+        names = list(r.steps__)
         parts = {key: self.step(s, given, StepRef(scope, f"map:key:{key}")) for key, s in r.steps__.items()}
         inputs = {f"p{i}": self.whole(p) for i, p in enumerate(parts.values())}
-        closed = self._user(steps.close_dict(scope, keys), inputs, "close", r.get_name())
+        closed = self._user(steps.close_dict(scope, names), inputs, "close", r.get_name())
         return DictValue(closed, {key: self.whole(p) for key, p in parts.items()})
 
     def assign(self, r: RunnableAssign, sym: Sym, ref: StepRef) -> Sym:
@@ -396,8 +516,9 @@ class GraphTracer:
         if isinstance(plan, Decomposition):
             out = self._retrieve(body, plan, opened, element, after=opened)
         else:
-            sub = self.session.subgraph(f"{self.name}/{r.get_name()}", body, element)
-            out = self._user(steps.run_map(sub), {"value": opened}, "map", r.get_name())
+            sub = self.session.subgraph(f"{self.name}/{r.get_name()}", body, element, self.paths)
+            key = self.key(r, ref, "map")
+            out = self._user(steps.run_map(sub), {"value": opened}, "map", r.get_name(), key)
         return Ref(self._close(r, scope, out))
 
     # -- components ------------------------------------------------------------------
@@ -410,6 +531,7 @@ class GraphTracer:
         engine = self.session.engines.llm(model)
         max_tokens = getattr(model, "max_tokens", None)
         config: dict[str, Any] = {"step": steps.ModelStep(r, ref)}
+        key = self.key(r, ref, "model")
         if isinstance(sym, Ref) and sym.plan is not None:
             config["prompt_plan"] = sym.plan
         label = r.get_name()
@@ -423,7 +545,11 @@ class GraphTracer:
         )
         outputs = [PortSpec("text", PortType.TEXT)]
         caps = None
-        decode_config = {**config, "max_tokens": max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS}
+        decode_config = {
+            **config,
+            "max_tokens": max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS,
+            LATENCY_KEY: key,
+        }
         if unit is not None:
             outputs.append(PortSpec("items", PortType.ITEMS))
             caps = Capabilities(True, True, (), "items", MergeMode.CONCAT)
@@ -468,6 +594,7 @@ class GraphTracer:
             return self.leaf(r, sym, ref, reason)
         label = r.get_name()
         scope = self._scope(label)
+        self.paths[scope] = self.key(r, ref, "retriever")
         question = self._user(steps.open_retriever(r, scope, ref), {"value": self.whole(sym)}, "open", label)
         inside = StepRef(scope, None)  # the retriever hands its calls `{"callbacks": run_manager.get_child()}`
         chain = r.llm_chain
@@ -478,14 +605,15 @@ class GraphTracer:
         for j, s in enumerate(parts[:-2]):
             current = self.step(s, current, StepRef(chain_scope, f"seq:step:{j + 1}"))
         model, parser = parts[-2], parts[-1]
-        n = self.session.expected_items or multi_query.planned_queries(r)
+        parser_ref = StepRef(chain_scope, f"seq:step:{len(parts)}")
+        n = self.session.items_of(self.key(parser, parser_ref)) or multi_query.planned_queries(r)
         model_ref = StepRef(chain_scope, f"seq:step:{len(parts) - 1}")
         if n is not None and n >= 2:
             text, items = self.model(model, current, model_ref, unit=(ParserItems(parser), n))
             current = Ref(text)
         else:
             current, items = self.model(model, current, model_ref), None
-        parsed = self.leaf(parser, current, StepRef(chain_scope, f"seq:step:{len(parts)}"), None)
+        parsed = self.leaf(parser, current, parser_ref, None)
         lines = self._close(chain, chain_scope, self.whole(parsed))
         logged = self.b.call(multi_query.log_queries(r), {"lines": lines}, name=f"{label}.log", inline=True)
         inputs = {
@@ -502,24 +630,28 @@ class GraphTracer:
     def _retrieve(self, r: BaseRetriever, plan: Decomposition, queries: Value, ref: StepRef, *, after: Value) -> Value:
         """EMBED + SEARCH of each query inside its own retriever run; item-wise, so it can pipeline."""
         label = r.get_name()
+        key = self.key(r, ref, "retriever")
         embedder = self.session.engines.embeddings(plan.embeddings)
         store = self.session.engines.vectorstore(plan.store)
         started = self._itemwise(steps.start_retrievals(r, ref), {"items": queries, "after": after}, "start", label)
         texts = self._itemwise(steps.queries_of, {"items": started}, "queries", label, inline=True)
         index = self.b.call(steps.constant(plan.store), {}, name=f"{label}.index", inline=True)
         with self.b.module(label):
-            vectors = self.b.embed(texts, engine=embedder)
+            vectors = self.b.embed(texts, engine=embedder, **{LATENCY_KEY: key})  # charged the retriever's run
+
             hits = self.b.search(vectors, index, engine=store, top_k=plan.top_k, search_kwargs=plan.search_kwargs)
         return self._itemwise(steps.end_retrievals, {"items": started, "hits": hits}, "end", label)
 
-    def _itemwise(self, fn: Any, inputs: dict[str, Value], name: str, label: str, inline: bool = False) -> Value:
+    def _itemwise(
+        self, fn: Any, inputs: dict[str, Value], name: str, label: str, inline: bool = False, key: str | None = None
+    ) -> Value:
         """A call on item-aligned lists ("items", "hits"): replicated per part when its input is split."""
         ports = {**inputs} if inline else {**inputs, "ctx": self.ctx}
         item_ports = tuple(p for p in ports if p in ("items", "hits"))
         node = self.b.add(
             PrimitiveKind.CALL,
             ports,
-            config={"fn": fn, "inline": inline},
+            config={"fn": fn, "inline": inline, **({LATENCY_KEY: key} if key is not None else {})},
             input_ports=tuple(PortSpec(p, PortType.ANY) for p in ports),
             output_ports=(PortSpec("value", PortType.ANY),),
             name=f"{label}.{name}",
@@ -527,6 +659,31 @@ class GraphTracer:
             caps=Capabilities(True, True, item_ports, "value", MergeMode.CONCAT),
         )
         return Value(node.id, "value")
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """`model | parser | [trim] | each`, pipelined for `n` items (`keep`: the slice `trim` takes)."""
+
+    model: Any
+    parser: Any
+    trim: Any
+    keep: slice | None
+    each: Any
+    n: int
+
+
+def _is_map(step: Any) -> bool:
+    return class_of(step) is RunnableEach and runs_own_code(step, RunnableEach)
+
+
+def _run_name(r: Runnable[Any, Any], ref: StepRef) -> str:
+    """The name of the step's callback run: the outermost binding's `run_name`, else its own name."""
+    configs = [r.config, *ref.bound] if is_binding(r) else list(ref.bound)
+    name = None
+    for config in configs:  # innermost first: an outer binding's config overrides an inner one's
+        name = config.get("run_name") or name
+    return name or r.get_name()
 
 
 def _carry(sym: Sym, value: Value) -> Sym:

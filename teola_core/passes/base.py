@@ -23,10 +23,13 @@ from teola_core.profiles.profile import LatencyProfile
 
 @dataclass(frozen=True)
 class PassContext:
-    """profiles: engine name -> latency profile. tolerance: see `Curve.max_efficient`."""
+    """profiles: engine name (or app step key, `estimates.LATENCY_KEY`) -> latency profile.
+    tolerance: see `Curve.max_efficient`. min_overlap_s: the least overlap prefill split
+    plans for (a shorter one would not pay for the warm-up's round trip)."""
 
     profiles: Mapping[str, LatencyProfile] = field(default_factory=dict)
     tolerance: float = 0.1
+    min_overlap_s: float = 0.01
 
     def max_efficient_batch(self, engine: str | None, op: str) -> int | None:
         """The engine's max efficient batch for `op`, or None when it has no such profile."""

@@ -24,11 +24,11 @@ the prefix's literal text (the ready variables' lengths are unknown before the q
 runs), so a short instruction before a question stays one prefill on an engine with a
 per-step floor (the paper's 7B: ~15 ms a step, ~0.26 ms a token, so ~60 tokens).
 
-Latency estimate of a node: `profile.latency(op, items or 1)` for engine primitives
-whose engine has a profile with that op (partial/full prefills use the `prefill`
-curve, partial decodes the `decode` curve); a decode is charged one step per
-`max_tokens`, as the `decode` curve is the latency of one step. Everything else
-(inline, user code, engines without a profile) costs 0; graph inputs are ready at 0.
+How early is early enough: a split needs the prefix ready at least
+`ctx.min_overlap_s` before the latest variable (by `estimates.finish_times`: profiled
+engines, and app steps' observed run times); a shorter overlap would not pay for the
+warm-up's own round trip. Nothing known about the producers: everything is ready at 0,
+no split.
 """
 
 from __future__ import annotations
@@ -38,40 +38,14 @@ from dataclasses import replace
 from typing import Any
 
 from teola_core.ir.graph import Graph, GraphEditor
-from teola_core.ir.kinds import DECODE_KINDS, Placement, PortSpec, PrimitiveKind, spec_of
+from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import ControlEdge, DataEdge, Node
 from teola_core.ir.prompt import PromptPlan, Segment
 from teola_core.ir.types import PortType
 from teola_core.passes.base import Pass, PassContext
+from teola_core.passes.estimates import estimated_latency, finish_times
 
-_OP = {
-    PrimitiveKind.PARTIAL_PREFILL: PrimitiveKind.PREFILL.value,
-    PrimitiveKind.FULL_PREFILL: PrimitiveKind.PREFILL.value,
-    PrimitiveKind.PARTIAL_DECODE: PrimitiveKind.DECODE.value,
-}
-
-
-def estimated_latency(node: Node, ctx: PassContext) -> float:
-    """Seconds the node is expected to run alone (0 when nothing is known about it)."""
-    if spec_of(node.kind).placement != Placement.ENGINE or node.engine is None:
-        return 0.0
-    profile = ctx.profiles.get(node.engine)
-    op = _OP.get(node.kind, node.kind.value)
-    if profile is None or op not in profile.curves:
-        return 0.0
-    seconds = profile.latency(op, node.items or 1)
-    if node.kind in DECODE_KINDS:
-        seconds *= max(1, int(node.config.get("max_tokens", 1)))
-    return seconds
-
-
-def finish_times(graph: Graph, ctx: PassContext) -> dict[str, float]:
-    """Estimated time each node's outputs are ready: the longest path from the inputs."""
-    finish: dict[str, float] = {}
-    for node_id in graph.topological_order:
-        start = max((finish[p] for p in graph.predecessors(node_id)), default=0.0)
-        finish[node_id] = start + estimated_latency(graph.nodes[node_id], ctx)
-    return finish
+__all__ = ["PrefillSplit", "estimated_latency", "finish_times"]
 
 
 def _pays(prefix: Sequence[Segment], engine: str | None, ctx: PassContext) -> bool:
@@ -101,7 +75,8 @@ class PrefillSplit(Pass):
                 continue
             template, sources, fmt = source
             finish = finish if finish is not None else finish_times(graph, ctx)
-            k = self._ready_prefix(template, {var: finish[node] for var, (node, _) in sources.items()})
+            ready = {var: finish[node] for var, (node, _) in sources.items()}
+            k = self._ready_prefix(template, ready, ctx.min_overlap_s)
             if k is None or not _pays(template.segments[:k], prefill.engine, ctx):
                 continue
             editor = editor or graph.edit()
@@ -126,15 +101,16 @@ class PrefillSplit(Pass):
         return fmt.config["template"], sources, fmt
 
     @staticmethod
-    def _ready_prefix(template: Any, ready: dict[str, float]) -> int | None:
-        """How many leading segments are ready before the latest variable (None: no split)."""
+    def _ready_prefix(template: Any, ready: dict[str, float], min_overlap: float = 0.0) -> int | None:
+        """How many leading segments are ready at least `min_overlap` before the latest variable
+        (None: no split)."""
         segments = template.segments
         if not any(seg.var is not None for seg in segments):
             return None
         latest = max(ready.get(seg.var, 0.0) for seg in segments if seg.var is not None)
         k = 0
         for seg in segments:
-            if (0.0 if seg.var is None else ready.get(seg.var, 0.0)) >= latest:
+            if (0.0 if seg.var is None else ready.get(seg.var, 0.0)) > latest - max(min_overlap, 1e-12):
                 break
             k += 1
         return k if 0 < k < len(segments) else None

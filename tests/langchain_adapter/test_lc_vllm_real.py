@@ -88,3 +88,30 @@ def test_the_warmed_prefix_is_reused_by_the_models_own_request(kind: str) -> Non
     # shorter than a block): the model's own request found every warmed token cached.
     assert hits == stats.warm_tokens
     assert got == want
+
+
+def test_with_no_profiles_the_plan_learns_to_warm_and_keeps_the_answers() -> None:
+    """Issue 18 on a real server: nothing given; the first calls run as LangChain runs them and
+    time the notes' model call; from then on the question's prompt start is warmed."""
+    nonce = uuid.uuid4().hex
+    llm = ChatOpenAI(base_url=f"{URL}/v1", api_key="x", model=MODEL, temperature=0, max_tokens=12)
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", f"[{nonce}] {INSTRUCTIONS}"), ("human", "Question: {question}\nNotes: {notes}")]
+    )
+    chain = two_calls(llm, llm, prompt)
+    fast = teola.optimize(chain, warn=False)
+    assert not fast.on_graph  # nothing known yet: every step seems ready at once
+    xs = [{"question": q} for q in ("How do I read a CSV file?", "What does zip do?", "How to sort a dict?")]
+    xs.append({"question": "What is a deque?"})
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        return [await fast.ainvoke(x) for x in xs], [await chain.ainvoke(x) for x in xs]
+
+    try:
+        got, want = asyncio.run(run())
+    finally:
+        fast.close()
+    assert got == want
+    assert fast.on_graph and any("prefill-split" in p for p in fast.plan.main.passes)
+    stats = fast._engines.engines["llm:ChatOpenAI"].warmer.stats
+    assert stats.failures == 0 and stats.warmups + stats.repeats == 1  # the 4th call warmed its prompt start
