@@ -10,12 +10,18 @@ __version__ = "0.1.0"
 def optimize(runnable: Any, **options: Any) -> Any:
     """A drop-in, optimized version of a LangChain runnable or a LlamaIndex object.
 
-    LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LlamaIndex
+    LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LangGraph
+    compiled graphs (and `create_agent` agents): see `teola_langchain.langgraph`. LlamaIndex
     `QueryPipeline`s, `RetrieverQueryEngine`s and `Workflow` subclasses (recognised by the
     package of a class in their MRO): see `teola_llamaindex` (extra `llamaindex`).
     """
-    if any(c.__module__.split(".")[0] in ("llama_index", "workflows") for c in type(runnable).__mro__):
+    packages = {c.__module__.split(".")[0] for c in type(runnable).__mro__}
+    if packages & {"llama_index", "workflows"}:
         return _optimize_llamaindex(runnable, **options)
+    if "langgraph" in packages:
+        from teola_langchain.langgraph import optimize as optimize_langgraph
+
+        return optimize_langgraph(runnable, **options)
     try:
         from teola_langchain.runnable import optimize as optimize_langchain
     except ModuleNotFoundError as exc:

@@ -464,22 +464,28 @@ def optimize_agent(agent: Any, **options: Any) -> OptimizedAgent:
     return OptimizedAgent(agent, **options)
 
 
+def teola_middlewares(graph: Any) -> list[TeolaMiddleware]:
+    """The `TeolaMiddleware` instances of a compiled graph, found by their `before_agent` steps
+    (none for a graph that is not a `StateGraph` agent)."""
+    nodes = getattr(getattr(graph, "builder", None), "nodes", None)
+    found: list[TeolaMiddleware] = []
+    for spec in nodes.values() if isinstance(nodes, Mapping) else ():
+        for func in (getattr(spec.runnable, "func", None), getattr(spec.runnable, "afunc", None)):
+            owner = getattr(func, "__self__", None)
+            if isinstance(owner, TeolaMiddleware) and owner not in found:
+                found.append(owner)
+    return found
+
+
 def find_middleware(agent: Any) -> TeolaMiddleware:
     """The agent's `TeolaMiddleware`, found by its `before_agent` step in the graph."""
-    builder = getattr(agent, "builder", None)
-    nodes = getattr(builder, "nodes", None)
-    if not isinstance(nodes, Mapping):
+    if not isinstance(getattr(getattr(agent, "builder", None), "nodes", None), Mapping):
         raise TypeError(
             f"teola.optimize got a {type(agent).__name__}, not a compiled LangChain agent: build it with "
             "langchain.agents.create_agent(model, tools, middleware=[TeolaMiddleware()]) "
             "(from teola_langchain.agents import TeolaMiddleware)"
         )
-    found: list[TeolaMiddleware] = []
-    for spec in nodes.values():
-        for func in (getattr(spec.runnable, "func", None), getattr(spec.runnable, "afunc", None)):
-            owner = getattr(func, "__self__", None)
-            if isinstance(owner, TeolaMiddleware) and owner not in found:
-                found.append(owner)
+    found = teola_middlewares(agent)
     if not found:
         raise TypeError(
             f"teola.optimize cannot hook the agent {agent.get_name()!r}: a compiled agent keeps its model and "
@@ -610,4 +616,5 @@ __all__ = [
     "TeolaMiddleware",
     "find_middleware",
     "optimize_agent",
+    "teola_middlewares",
 ]

@@ -3,13 +3,16 @@
 `route(classes, methods, optimize)` replaces each method of each class with a wrapper:
 outside Teola, a call goes to `optimize(obj)`'s method of the same name (mode "route")
 or to the original (mode "record"); inside a call already routed (nested steps, or
-Teola's own execution) it always takes the original. Either way the call's result (or
+Teola's own execution) it takes the original in record mode, and in route mode too with
+`nested_original=True` (needed when the drop-in is an instance of the routed class, as
+an optimized LangGraph graph is, so its own calls reach the patched methods). Either way the call's result (or
 error, or stream chunks) is appended, normalized, to the JSONL file
 `$TEOLA_CONFORMANCE_RECORDS` at the end of the session, so `run.py` can compare routed results with plain ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -55,13 +58,15 @@ def flush() -> None:
             f.writelines(json.dumps(line) + "\n" for line in _recorded)
 
 
-def route(classes: Iterable[type], methods: Iterable[str], optimize: Callable[[Any], Any]) -> None:
+def route(
+    classes: Iterable[type], methods: Iterable[str], optimize: Callable[[Any], Any], *, nested_original: bool = False
+) -> None:
     """Patch `methods` of `classes` (see the module docstring)."""
     for cls in classes:
         for name in methods:
             original = getattr(cls, name, None)
             if original is not None:
-                setattr(cls, name, _wrap(cls.__name__, name, original, optimize))
+                setattr(cls, name, _wrap(cls.__name__, name, original, optimize, nested_original))
 
 
 def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any]) -> tuple[Any, Any]:
@@ -82,27 +87,40 @@ def _ran_on_teola(fast: Any) -> bool:
     return fast is not None and getattr(fast, "calls_on_graph", 0) > 0
 
 
-def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) -> Any:
+def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any], nested_original: bool) -> Any:
+    inside_routed = MODE != "route" or nested_original  # what nested calls see during a routed call
     if inspect.isasyncgenfunction(original):
 
         @functools.wraps(original)
         async def agen(self: Any, *args: Any, **kwargs: Any) -> Any:
             if _inside.get():
-                async for x in original(self, *args, **kwargs):
-                    yield x
+                async with contextlib.aclosing(original(self, *args, **kwargs)) as inner:  # closed with this one
+                    async for x in inner:
+                        yield x
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            stream = fn(*args, **kwargs).__aiter__()
             try:
-                async for x in fn(*args, **kwargs):
+                while True:  # the guard is set per step: steps may run in different contexts (tasks)
+                    token = _inside.set(inside_routed)
+                    try:
+                        x = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        _inside.reset(token)
                     chunks.append(x)
                     yield x
             except BaseException as exc:
                 _record(name, owner, exc, _ran_on_teola(fast))
                 raise
             finally:
-                _inside.reset(token)
+                token = _inside.set(inside_routed)
+                try:
+                    await stream.aclose()
+                finally:
+                    _inside.reset(token)
             _record(name, owner, chunks, _ran_on_teola(fast))
 
         return agen
@@ -113,7 +131,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
             if _inside.get():
                 return await original(self, *args, **kwargs)
             fast, fn = _target(self, name, original, optimize)
-            token = _inside.set(MODE != "route")
+            token = _inside.set(inside_routed)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
@@ -134,16 +152,27 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
                 return
             fast, fn = _target(self, name, original, optimize)
             chunks: list[Any] = []
-            token = _inside.set(MODE != "route")
+            stream = iter(fn(*args, **kwargs))
             try:
-                for x in fn(*args, **kwargs):
+                while True:  # the guard is set per step (see agen)
+                    token = _inside.set(inside_routed)
+                    try:
+                        x = next(stream)
+                    except StopIteration:
+                        break
+                    finally:
+                        _inside.reset(token)
                     chunks.append(x)
                     yield x
             except BaseException as exc:
                 _record(name, owner, exc, _ran_on_teola(fast))
                 raise
             finally:
-                _inside.reset(token)
+                token = _inside.set(inside_routed)
+                try:
+                    getattr(stream, "close", lambda: None)()
+                finally:
+                    _inside.reset(token)
             _record(name, owner, chunks, _ran_on_teola(fast))
 
         return gen
@@ -153,7 +182,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any]) 
         if _inside.get():
             return original(self, *args, **kwargs)
         fast, fn = _target(self, name, original, optimize)
-        token = _inside.set(MODE != "route")
+        token = _inside.set(inside_routed)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:

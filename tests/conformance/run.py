@@ -1,7 +1,7 @@
 """Run a framework's own test suite plain and routed through `teola.optimize`; list regressions.
 
     python tests/conformance/run.py langchain            # fetches langchain-core's tests
-    python tests/conformance/run.py langgraph -k pregel
+    python tests/conformance/run.py langgraph -- tests/test_pregel.py   # these paths instead of the suite's
     python tests/conformance/run.py llamaindex            # the line installed (0.12 or 0.14)
 
 Each suite runs twice in fresh pytest processes with the same interpreter: once with its
@@ -77,6 +77,25 @@ SUITES = {
             "grandalf>=0.8",
         ),
     ),
+    "langgraph": Suite(
+        name="langgraph",
+        distribution="langgraph",
+        paths=("tests",),  # every file: the ones needing Docker select themselves out below
+        test_requirements=(
+            "pytest-mock>=3.10",
+            "syrupy>=6,<7",
+            "pytest-timeout>=2.3",
+            "pycryptodome>=3",
+            # imported by the suite's conftests (their parametrizations are deselected below)
+            "redis>=5",
+            "langgraph-checkpoint-sqlite>=3.1,<4",
+            "langgraph-checkpoint-postgres>=3.2,<4",
+            "psycopg[binary]>=3.1",
+            "psycopg-pool>=3.2",
+        ),
+        pytest_args=("-k", "not sqlite and not postgres and not redis", "--timeout=300"),
+        env={"NO_DOCKER": "true"},
+    ),
 }
 
 
@@ -127,7 +146,9 @@ def run_pytest(suite: Suite, tree: Path, mode: str, workdir: Path, extra: list[s
         "TEOLA_CONFORMANCE_RECORDS": str(records),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", f"route_{suite.name}"]
-    command += ["-o", "addopts=", f"--junitxml={report}", *suite.pytest_args, *suite.paths, *extra]
+    chosen = [a for a in extra if not a.startswith("-") and (tree / a.split("::")[0]).exists()]  # test paths given
+    options = [a for a in extra if a not in chosen]
+    command += ["-o", "addopts=", f"--junitxml={report}", *suite.pytest_args, *(chosen or suite.paths), *options]
     log = workdir / f"{suite.name}-{mode}.log"
     print(f"== conformance {suite.name} ({mode}): {' '.join(command[3:])} > {log}", flush=True)
     with log.open("w") as out:
