@@ -2,7 +2,7 @@
 
 A function node calls its model itself (`await llm.ainvoke(prompt)`), so Teola cannot
 send the request; it can decide *when* it goes (`gate.py` holds the call in the model's
-own `on_chat_model_start`). Each held call becomes a one-call graph (prefill, decode) on
+own `on_chat_model_start`). Each held call becomes a one-node graph (a decode) on
 a `HeldCallEngine` of its model, run by a `LocalRuntime` whose topology policy admits the
 calls of earlier runs first (`arrival` = the run's rank). The decode admits the call (the
 model sends its own request) and lasts until the model's callbacks report its end, so a
@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, EngineSet
-from teola_core.ir.builder import GraphBuilder
+from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
-from teola_core.ir.types import PortType
+from teola_core.ir.kinds import PortSpec, PrimitiveKind
+from teola_core.ir.types import KVHandle, PortType
+from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
 
 UNBOUNDED = sys.maxsize
@@ -84,10 +87,11 @@ class HeldCallEngine(OpaqueModelEngine):
 class ModelAdmission:
     """The held calls of one event loop: an engine and a runtime per model, made on first use."""
 
-    def __init__(self, concurrency: int | None = None) -> None:
+    def __init__(self, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
         self.concurrency = concurrency
+        self.hooks = tuple(hooks)
         self._gates: dict[str, tuple[LocalRuntime, Graph]] = {}
 
     def engines(self) -> list[str]:
@@ -100,12 +104,12 @@ class ModelAdmission:
         """Queue `held` on `engine`'s scheduler by `rank`; returns when the call has ended."""
         gate = self._gates.get(engine)
         if gate is None:
-            gate = self._gates[engine] = (
-                LocalRuntime(EngineSet().add(HeldCallEngine(engine, self.concurrency or UNBOUNDED))),
-                _call_graph(engine),
-            )
+            runtime = LocalRuntime(EngineSet().add(HeldCallEngine(engine, self.concurrency or UNBOUNDED)))
+            for hook in self.hooks:
+                runtime.add_hook(hook)
+            gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate
-        await runtime.run(graph, {"prompt": held}, query_id=call_id, arrival=rank)
+        await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
 
     async def close(self) -> None:
         for runtime, _ in self._gates.values():
@@ -114,8 +118,16 @@ class ModelAdmission:
 
 
 def _call_graph(engine: str) -> Graph:
-    """One model call: prefill (bookkeeping for an opaque model) and decode."""
+    """One model call: a decode (the model prefills its prompt in its own request, so a
+    prefill primitive would only take a turn of the slot)."""
     b = GraphBuilder(f"{engine}/call")
-    prompt = b.input("prompt", PortType.ANY)
-    b.output(text=b.llm(prompt, engine=engine, max_tokens=1, name="model").text)
+    decode = b.add(
+        PrimitiveKind.DECODE,
+        {"kv": b.input("kv", PortType.KV)},
+        engine=engine,
+        input_ports=[PortSpec("kv", PortType.KV)],
+        output_ports=[PortSpec("text", PortType.ANY)],
+        name="model",
+    )
+    b.output(text=Value(decode.id, "text"))
     return b.build()

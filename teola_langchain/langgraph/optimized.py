@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langgraph.pregel import Pregel
 
+from teola_core.runtime.base import RuntimeHook
 from teola_langchain.explain import section
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
@@ -190,19 +191,27 @@ def optimized_class(cls: type[Pregel]) -> type[Pregel]:
     return type(cls.__name__, (OptimizedGraph, cls), {"__module__": __name__, "__qualname__": cls.__qualname__})
 
 
-def optimize_graph(graph: Pregel, *, model_concurrency: int | None = None, runnable_nodes: bool = False) -> Pregel:
+def optimize_graph(
+    graph: Pregel,
+    *,
+    model_concurrency: int | None = None,
+    runnable_nodes: bool = False,
+    hooks: Sequence[RuntimeHook] = (),
+) -> Pregel:
     """A copy of `graph` whose model calls run on Teola (see the module docstring).
 
     model_concurrency: model calls in flight at once per model (None: no bound); beyond
         it calls wait in Teola, earlier runs first (`admission.py` says when that pays).
     runnable_nodes: run nodes that are LCEL chains (`RunnableSequence`, `RunnableParallel`,
         `RunnableBranch`) through `teola.optimize(chain)`; off, they run as LangChain runs them.
+    hooks: runtime hooks (`teola_core.runtime.timeline.SpanRecorder`, ...): they see one
+        prefill and one decode span per model call (queued, admitted, ended).
     """
     original = graph._teola_original if isinstance(graph, OptimizedGraph) else graph
     cls = optimized_class(type(original))
     fast = cls.__new__(cls)
     fast.__dict__.update(original.__dict__)
-    fast._teola = GraphRuns(original.get_name(), model_concurrency)
+    fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
     fast._teola_original = original
     fast._teola_chains = frozenset()
     if runnable_nodes:

@@ -16,7 +16,9 @@ import asyncio
 import itertools
 import threading
 import weakref
+from collections.abc import Sequence
 
+from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.langgraph.admission import ModelAdmission
 from teola_langchain.langgraph.gate import RunGate
@@ -25,11 +27,12 @@ from teola_langchain.langgraph.gate import RunGate
 class GraphRuns:
     """Admissions per event loop, run ranks and counters of one optimized graph."""
 
-    def __init__(self, name: str, concurrency: int | None = None) -> None:
+    def __init__(self, name: str, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
         self.name = name
         self.concurrency = concurrency
+        self.hooks = tuple(hooks)
         self.runs = 0  # runs started
         self.calls_on_graph = 0  # runs in which Teola admitted at least one model call
         self.model_calls = 0  # model calls admitted by Teola
@@ -45,7 +48,7 @@ class GraphRuns:
         with self._lock:
             admission = self._admissions.get(loop)
             if admission is None:
-                admission = self._admissions[loop] = ModelAdmission(self.concurrency)
+                admission = self._admissions[loop] = ModelAdmission(self.concurrency, self.hooks)
             return admission
 
     def open(self, loop: asyncio.AbstractEventLoop) -> RunGate:

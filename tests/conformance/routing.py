@@ -19,6 +19,7 @@ import inspect
 import json
 import os
 import re
+import types
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -89,39 +90,70 @@ def _ran_on_teola(fast: Any) -> bool:
 
 def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any], nested_original: bool) -> Any:
     inside_routed = MODE != "route" or nested_original  # what nested calls see during a routed call
+
+    async def guarded_aiter(stream: Any, fast: Any) -> Any:
+        """Iterate a top-level call's stream with the guard set per step (steps may run in
+        different contexts: tasks), record its chunks, close it with the caller."""
+        chunks: list[Any] = []
+        try:
+            while True:
+                token = _inside.set(inside_routed)
+                try:
+                    x = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    _inside.reset(token)
+                chunks.append(x)
+                yield x
+        except BaseException as exc:
+            _record(name, owner, exc, _ran_on_teola(fast))
+            raise
+        finally:
+            token = _inside.set(inside_routed)
+            try:
+                await stream.aclose()
+            finally:
+                _inside.reset(token)
+        _record(name, owner, chunks, _ran_on_teola(fast))
+
+    def guarded_iter(stream: Any, fast: Any) -> Any:
+        """`guarded_aiter` for a sync stream."""
+        chunks: list[Any] = []
+        try:
+            while True:
+                token = _inside.set(inside_routed)
+                try:
+                    x = next(stream)
+                except StopIteration:
+                    break
+                finally:
+                    _inside.reset(token)
+                chunks.append(x)
+                yield x
+        except BaseException as exc:
+            _record(name, owner, exc, _ran_on_teola(fast))
+            raise
+        finally:
+            token = _inside.set(inside_routed)
+            try:
+                stream.close()
+            finally:
+                _inside.reset(token)
+        _record(name, owner, chunks, _ran_on_teola(fast))
+
     if inspect.isasyncgenfunction(original):
 
         @functools.wraps(original)
         async def agen(self: Any, *args: Any, **kwargs: Any) -> Any:
             if _inside.get():
-                async with contextlib.aclosing(original(self, *args, **kwargs)) as inner:  # closed with this one
-                    async for x in inner:
-                        yield x
-                return
-            fast, fn = _target(self, name, original, optimize)
-            chunks: list[Any] = []
-            stream = fn(*args, **kwargs).__aiter__()
-            try:
-                while True:  # the guard is set per step: steps may run in different contexts (tasks)
-                    token = _inside.set(inside_routed)
-                    try:
-                        x = await stream.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    finally:
-                        _inside.reset(token)
-                    chunks.append(x)
+                inner = original(self, *args, **kwargs)
+            else:
+                fast, fn = _target(self, name, original, optimize)
+                inner = guarded_aiter(fn(*args, **kwargs).__aiter__(), fast)
+            async with contextlib.aclosing(inner):  # closed when this one is (not left to the GC)
+                async for x in inner:
                     yield x
-            except BaseException as exc:
-                _record(name, owner, exc, _ran_on_teola(fast))
-                raise
-            finally:
-                token = _inside.set(inside_routed)
-                try:
-                    await stream.aclose()
-                finally:
-                    _inside.reset(token)
-            _record(name, owner, chunks, _ran_on_teola(fast))
 
         return agen
     if inspect.iscoroutinefunction(original):
@@ -151,29 +183,7 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any], 
                 yield from original(self, *args, **kwargs)
                 return
             fast, fn = _target(self, name, original, optimize)
-            chunks: list[Any] = []
-            stream = iter(fn(*args, **kwargs))
-            try:
-                while True:  # the guard is set per step (see agen)
-                    token = _inside.set(inside_routed)
-                    try:
-                        x = next(stream)
-                    except StopIteration:
-                        break
-                    finally:
-                        _inside.reset(token)
-                    chunks.append(x)
-                    yield x
-            except BaseException as exc:
-                _record(name, owner, exc, _ran_on_teola(fast))
-                raise
-            finally:
-                token = _inside.set(inside_routed)
-                try:
-                    getattr(stream, "close", lambda: None)()
-                finally:
-                    _inside.reset(token)
-            _record(name, owner, chunks, _ran_on_teola(fast))
+            yield from guarded_iter(iter(fn(*args, **kwargs)), fast)
 
         return gen
 
@@ -190,6 +200,10 @@ def _wrap(owner: str, name: str, original: Any, optimize: Callable[[Any], Any], 
             raise
         finally:
             _inside.reset(token)
+        if isinstance(result, types.AsyncGeneratorType):  # a plain method returning a stream (astream_events)
+            return guarded_aiter(result, fast)
+        if isinstance(result, types.GeneratorType):
+            return guarded_iter(result, fast)
         _record(name, owner, result, _ran_on_teola(fast))
         return result
 
