@@ -13,7 +13,8 @@ tool node close over the model, the tools and the middleware stack; nothing publ
 (`CompiledStateGraph.builder` holds the same closures) lets Teola rebuild or re-wire an
 already compiled agent reliably. So the agent carries `TeolaMiddleware`, LangChain's own
 hook (`wrap_model_call` / `wrap_tool_call` and their async twins), and `optimize(agent)`
-finds it there; an agent without it is refused with an error that says what to add.
+finds it there; an agent without it runs as any compiled graph does under
+`teola.optimize` (`teola_langchain.langgraph`), and its `explain()` says what to add.
 Listed last, it is the innermost wrapper: every real model call (retries of outer
 middleware included) is one Teola model call, and the tool cache keeps raw tool results.
 

@@ -27,6 +27,9 @@ with a real vLLM):
       16 items, where throughput stops growing — a bigger batch only delays everyone in
       it), with no wait window: a lone request never waits for company (TEI-style
       dynamic batching). A request larger than the cap is still one batch.
+- `max_num_seqs` (vLLM's option of that name): at most that many LLM requests run at
+  once; the others wait, first come first served, for a running one to finish (None:
+  every request runs at once, as when the KV cache holds them all).
 
 Text is deterministic (`ExampleResponder`, a function of the prompt alone), so any two
 clients that send the same prompt get the same answer, and every client of a server is
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import re
@@ -219,8 +223,10 @@ class SimBackend:
         batching: Batching,
         responder: Callable[[str, int], str],
         max_batch_items: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         self.llm = SimLLM(LLM, time_scale=time_scale, responder=responder, cache_tokens=LLM_CACHE_TOKENS)
+        self.llm_slots = asyncio.Semaphore(max_num_seqs) if max_num_seqs else None  # FIFO, as vLLM's waiting queue
         self.embedder = SimEmbedder(EMBEDDER, time_scale=time_scale)
         self.rerank_clock = SimClock(time_scale)
         embed_max = max_batch_items or EMBEDDER.max_efficient_batch("embed")
@@ -254,14 +260,20 @@ class SimBackend:
         return (await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.PREFILL), {"prompt": prompt})))["kv"]
 
     async def generate(self, prompt: str, max_tokens: int) -> str:
-        kv = await self._kv(prompt)
-        out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
+        async with self._running():
+            kv = await self._kv(prompt)
+            out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
         return str(out["text"])
 
     async def stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
-        kv = await self._kv(prompt)
-        async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
-            yield piece
+        async with self._running():
+            kv = await self._kv(prompt)
+            async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
+                yield piece
+
+    def _running(self) -> Any:
+        """One of `max_num_seqs` running requests (waiting for one first), or no limit."""
+        return self.llm_slots if self.llm_slots is not None else contextlib.nullcontext()
 
     # -- embeddings and rerank ---------------------------------------------------------
     async def _embed_batch(self, requests: list[list[str]]) -> list[list[list[float]]]:
@@ -547,6 +559,7 @@ class SimServers:
         responder: Callable[[str, int], str] | None = None,
         max_batch_items: int | None = None,
         vllm_api: bool = True,
+        max_num_seqs: int | None = None,
     ) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
@@ -554,6 +567,7 @@ class SimServers:
         self.batching = batching
         self._responder = responder or ExampleResponder()
         self._max_batch_items = max_batch_items
+        self._max_num_seqs = max_num_seqs
         self.vllm_api = vllm_api
         self._holder: list[SimBackend] = []
         self._thread: threading.Thread | None = None
@@ -582,7 +596,9 @@ class SimServers:
         self.port = sock.getsockname()[1]
         ready = threading.Event()
         app = make_app(
-            lambda: SimBackend(self.time_scale, self.batching, self._responder, self._max_batch_items),
+            lambda: SimBackend(
+                self.time_scale, self.batching, self._responder, self._max_batch_items, self._max_num_seqs
+            ),
             ready,
             self._holder,
             self.vllm_api,

@@ -27,6 +27,10 @@ class EchoChat(BaseChatModel):
     def _llm_type(self) -> str:
         return "echo-chat"
 
+    def bind_tools(self, tools: Any, **kwargs: Any) -> EchoChat:
+        """An agent binds its tools: this model never calls them."""
+        return self
+
     def _answer(self, messages: list[BaseMessage]) -> str:
         if self.fail_on is not None and self.fail_on in str(messages[-1].content).split():
             raise ValueError(f"the model refuses {self.fail_on!r}")
