@@ -7,6 +7,10 @@ abatch_as_completed, stream_events, astream_events, astream_log; each goes to
 a copy of the graph's own class, so calls inside a routed call (its `invoke` calling its
 `stream`, subgraphs, a graph run from a node) take LangGraph's own methods.
 
+A v3 event stream (`stream_events` / `astream_events` with `version="v3"`) runs its graph
+only when the caller iterates it, after the call returned: those calls take LangGraph's
+method, and the run is routed where it starts, at the graph's own `stream` / `astream`.
+
 `TEOLA_LANGGRAPH_RUNNABLE_NODES=1` optimizes with `runnable_nodes=True` (chains added as
 nodes run through `teola.optimize(chain)`).
 """
@@ -40,6 +44,19 @@ METHODS = (
 def pytest_configure(config: Any) -> None:
     optimize = functools.partial(teola.optimize, runnable_nodes=os.environ.get("TEOLA_LANGGRAPH_RUNNABLE_NODES") == "1")
     route((Pregel,), METHODS, optimize, nested_original=True)
+    for name in ("stream_events", "astream_events"):
+        setattr(Pregel, name, _v3_routed_where_it_runs(getattr(Pregel, name)))
+
+
+def _v3_routed_where_it_runs(routed: Any) -> Any:
+    original = routed.__wrapped__
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, version: str = "v2", **kwargs: Any) -> Any:
+        call = original if version == "v3" else routed
+        return call(self, *args, version=version, **kwargs)
+
+    return method
 
 
 def pytest_runtest_setup(item: Any) -> None:

@@ -81,7 +81,9 @@ def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any])
             fast = optimize(self)
     finally:
         _inside.reset(token)
-    return fast, getattr(fast, name)
+    # The class's method: an instance attribute of that name is a user's patch that called us
+    # (copied onto a drop-in made as a copy of the object, it would call us again).
+    return fast, functools.partial(getattr(type(fast), name), fast)
 
 
 def _ran_on_teola(fast: Any) -> bool:
