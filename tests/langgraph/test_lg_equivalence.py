@@ -319,3 +319,31 @@ def test_the_optimized_graph_is_the_graphs_class_and_the_original_is_untouched()
     assert isinstance(configured, OptimizedGraph) and configured.config["recursion_limit"] == 7
     assert asyncio.run(configured.ainvoke({"items": ["x"]}))["summary"] == "echo x echo sum"
     assert teola.optimize(fast).original is graph
+
+
+def _tree(run: Any, depth: int = 0) -> list[str]:
+    """A traced run and its children: name, type, tags, metadata keys, inputs, outputs, the error's
+    type and message (its traceback's frames are the wrappers' own, as under any wrapper)."""
+    error = run.error.splitlines()[0] if run.error else None
+    line = (
+        f"{'  ' * depth}{run.name} {run.run_type} {sorted(run.tags or [])} "
+        f"{sorted((run.extra or {}).get('metadata', {}))} {masked(run.inputs)} {masked(run.outputs)} {error}"
+    )
+    children = sorted((_tree(c, depth + 1) for c in run.child_runs), key=lambda t: t[0])
+    return [line, *(line for child in children for line in child)]
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("fan_out", "subgraph", "error")], ids=lambda c: c.name)
+def test_traces_are_the_graphs(case: Case, sync: bool) -> None:
+    """What a tracer (LangSmith's, say) records: the same tree of runs, inputs and outputs."""
+    from langchain_core.tracers.context import collect_runs
+
+    def traced(graph: Any) -> list[list[str]]:
+        with collect_runs() as collector:
+            _stream(graph, case, sync, stream_mode="values")
+        return sorted(_tree(run) for run in collector.traced_runs)  # roots end in completion order
+
+    want = traced(case.build(sync))
+    assert traced(teola.optimize(case.build(sync))) == want
+    assert any("ChatModel" in line or "echo-chat" in line or "EchoChat" in line for t in want for line in t)
