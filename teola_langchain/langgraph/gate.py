@@ -1,17 +1,20 @@
 """How Teola sees the model calls a graph's nodes make: a callback handler per run.
 
 Why callbacks: a node is the user's function, closing over the user's model; Teola cannot
-swap the model without mutating the user's objects, and a wrapper would not be the object
-the function calls. LangChain itself offers the hook: `register_configure_hook` adds the
-handler held by a context variable to every callback manager configured while the
-variable is set (its own usage and run collectors work this way). `OptimizedGraph` sets
-the variable to the run's `RunGate` while LangGraph executes that run, so every model
+swap the model without mutating the user's objects (its `rate_limiter` field is per
+object), a wrapper would not be the object the function calls, and patching the model
+classes would be global state. LangChain itself offers the hook: `register_configure_hook`
+adds the handler held by a context variable to every callback manager configured while
+the variable is set (its own usage and run collectors work this way). `OptimizedGraph` sets
+the variable to the run's handler (`RunGate`) while LangGraph executes that run, so every model
 call made by the run's nodes (with the node's config or none, in subgraphs too) reports
 to it, and nothing outside the run does.
 
-What the gate does with a call: its `on_chat_model_start` / `on_llm_start` (awaited by
-LangChain before the model sends its request) waits until Teola's scheduler admits the
-call (`admission.py`); `on_llm_end` / `on_llm_error` free its slot. The request, the
+What the gate does with a call: with a bound on the model's calls in flight
+(`model_concurrency`), its `on_chat_model_start` / `on_llm_start` (awaited by LangChain
+before the model sends its request) waits until Teola's scheduler admits the call
+(`admission.py`); `on_llm_end` / `on_llm_error` free its slot. Without one nothing would
+ever wait, so the run's handler only counts the calls (`RunCalls`): no added latency. The request, the
 answer and every other handler's callbacks are the model's own: the gate only delays
 the start. It is added as a non-inheritable handler, so nodes never find it in their
 config's callbacks, and it ignores chains, tools, agents and custom events.
@@ -37,14 +40,14 @@ from langchain_core.tracers.context import register_configure_hook
 
 from teola_langchain.langgraph.admission import HeldCall, ModelAdmission
 
-CURRENT_GATE: ContextVar[RunGate | None] = ContextVar("teola_langgraph_gate", default=None)
+CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
 register_configure_hook(CURRENT_GATE, inheritable=False)
 
 
-class RunGate(BaseCallbackHandler):
-    """One graph run's model calls, held until admitted (see the module docstring)."""
+class RunCalls(BaseCallbackHandler):
+    """One graph run's model calls, counted; with no bound that is all (they go when made)."""
 
-    run_inline = True  # end callbacks are bookkeeping: no executor hop
+    run_inline = True  # bookkeeping: no executor hop
     raise_error = False  # a failure of Teola's admission is logged by LangChain; the call goes on
     ignore_chain = True
     ignore_agent = True
@@ -52,14 +55,30 @@ class RunGate(BaseCallbackHandler):
     ignore_retry = True
     ignore_custom_event = True
 
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self._count = itertools.count(1)
+        self.calls = 0  # model calls seen (admitted or waiting) so far
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any) -> Any:
+        self.calls = next(self._count)  # atomic: sync runs report from several threads
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: Any, *, run_id: UUID, **kwargs: Any) -> Any:
+        self.calls = next(self._count)
+
+    def close(self) -> None:
+        """The run ended."""
+
+
+class RunGate(RunCalls):
+    """One graph run's model calls, held until admitted (see the module docstring)."""
+
     def __init__(self, admission: ModelAdmission, loop: asyncio.AbstractEventLoop, rank: int, run: str) -> None:
+        super().__init__(run)
         self.admission = admission
         self.loop = loop
         self.rank = rank
-        self.run = run
-        self.calls = 0  # model calls held (admitted or waiting) so far
         self._held: dict[UUID, tuple[HeldCall, asyncio.Task[None]]] = {}
-        self._ids = itertools.count()
 
     # -- LangChain callbacks -------------------------------------------------------------
     async def on_chat_model_start(
@@ -85,11 +104,11 @@ class RunGate(BaseCallbackHandler):
 
     async def _hold(self, call: UUID, engine: str) -> None:
         held = HeldCall.on_running_loop()
-        call_id = f"{self.run}/call{next(self._ids)}"
+        self.calls = next(self._count)
+        call_id = f"{self.run}/call{self.calls}"
         task = self.loop.create_task(self.admission.hold(engine, held, rank=self.rank, call_id=call_id))
         task.add_done_callback(lambda t: _admit_on_failure(t, held))
         self._held[call] = (held, task)
-        self.calls += 1
         try:
             await asyncio.shield(held.admitted)
         except BaseException:

@@ -15,11 +15,17 @@ same attributes (`__dict__` copied, so the nodes, channels, checkpointer, store 
 are the original's). Every way of running a graph goes through `stream` or `astream`
 (`invoke`, `batch`, `stream_events`, `astream_events`, ... call them), so those two are
 the only methods it overrides: each opens a run (`GraphRuns.open`), sets the context
-variable that puts the run's `RunGate` on every callback manager configured while
+variable that puts the run's handler (`gate.py`) on every callback manager configured while
 LangGraph executes a step of the run, and closes the run when the stream ends, however
 it ends. A run inside a run (the graph called from a node of an optimized run) is part
 of the outer run. Everything else (`get_state`, `update_state`, `get_graph`, ...) is
 LangGraph's own, on the same objects.
+
+Chains as nodes (`runnable_nodes=True`): the copy gets its own node table in which each
+node whose runnable is an LCEL chain runs `teola.optimize(chain)` instead (batching,
+prefill split, decode pipelining inside the chain); LangGraph still calls it as a node.
+Off by default until the LCEL executor keeps LangChain's callbacks exactly; LangGraph's
+suite passes routed either way (`tests/conformance`).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ class OptimizedGraph:
             yield from super().stream(*args, **kwargs)  # type: ignore[misc]
             return
         runs = self._teola
-        gate = runs.open_sync()
+        gate = runs.open(None)
         chunks = super().stream(*args, **kwargs)  # type: ignore[misc]
         try:
             while True:

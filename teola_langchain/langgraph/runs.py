@@ -1,11 +1,12 @@
-"""The Teola side of an optimized graph's runs: one `RunGate` per run, ranked by start.
+"""The Teola side of an optimized graph's runs: one callback handler per run, ranked by start.
 
-Runs on one event loop share a `ModelAdmission` (its engines hold loop-bound futures):
-async runs use the caller's loop, sync runs the loop of a thread this object owns
-(`LoopThread`), where their held calls are scheduled while LangGraph's worker threads wait.
+With a bound on model calls, runs on one event loop share a `ModelAdmission` (its engines
+hold loop-bound futures): async runs use the caller's loop, sync runs the loop of a thread
+this object owns (`LoopThread`), where their held calls are scheduled while LangGraph's
+worker threads wait. Without one, a run's handler only counts its calls.
 
     runs = GraphRuns("rag", concurrency=None)
-    gate = runs.open(asyncio.get_running_loop())   # a run starts: rank 0, 1, ...
+    gate = runs.open(asyncio.get_running_loop())   # a run starts: rank 0, 1, ... (None: a sync run)
     ...                                            # its model calls report to `gate`
     runs.close(gate)                               # it ended: its slots are free
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_langchain.langgraph.admission import ModelAdmission
-from teola_langchain.langgraph.gate import RunGate
+from teola_langchain.langgraph.gate import RunCalls, RunGate
 
 
 class GraphRuns:
@@ -51,27 +52,28 @@ class GraphRuns:
                 admission = self._admissions[loop] = ModelAdmission(self.concurrency, self.hooks)
             return admission
 
-    def open(self, loop: asyncio.AbstractEventLoop) -> RunGate:
-        """A run starts on `loop` (async methods: the caller's)."""
+    def open(self, loop: asyncio.AbstractEventLoop | None) -> RunCalls:
+        """A run starts on `loop` (async methods: the caller's; None: a sync method's)."""
         rank = next(self._ranks)
         with self._lock:
             self.runs += 1
+        if self.concurrency is None:
+            return RunCalls(f"run{rank}")
+        if loop is None:  # the sync method's calls are scheduled on this object's own loop
+            loop = self._thread.loop
         return RunGate(self.admission(loop), loop, rank, f"run{rank}")
 
-    def open_sync(self) -> RunGate:
-        """A run of a sync method: its calls are scheduled on this object's own loop."""
-        return self.open(self._thread.loop)
-
-    def close(self, gate: RunGate) -> None:
+    def close(self, gate: RunCalls) -> None:
         """The run ended (returned, raised, or its stream was closed)."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is gate.loop:
-            gate.close()
-        else:
-            gate.loop.call_soon_threadsafe(gate.close)
+        if isinstance(gate, RunGate):
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is gate.loop:
+                gate.close()
+            else:
+                gate.loop.call_soon_threadsafe(gate.close)
         with self._lock:
             self.model_calls += gate.calls
             self.calls_on_graph += gate.calls > 0

@@ -21,7 +21,7 @@ from langgraph.types import Send
 from lg_fakes import EchoChat, GatedChat
 
 import teola
-from teola_langchain.langgraph.gate import CURRENT_GATE, RunGate, model_engine
+from teola_langchain.langgraph.gate import CURRENT_GATE, RunCalls, model_engine
 
 
 class State(TypedDict):
@@ -152,7 +152,7 @@ def test_calls_outside_a_run_and_node_configs_do_not_see_the_gate() -> None:
     fast = teola.optimize(b.compile())
     asyncio.run(fast.ainvoke({"first": "q", "items": [], "answers": []}))
     assert fast.calls_on_graph == 1 and fast._teola.model_calls == 1
-    assert not any(isinstance(h, RunGate) for h in seen[0])
+    assert not any(isinstance(h, RunCalls) for h in seen[0])
     assert CURRENT_GATE.get() is None
     asyncio.run(llm.ainvoke("outside any run"))  # no gate: nothing is counted
     assert fast._teola.model_calls == 1
