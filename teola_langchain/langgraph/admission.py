@@ -31,14 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, EngineLimits, EngineSet
+from teola_core.engines.protocol import Call, EngineSet
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
+from teola_langchain.agents import AgentModelEngine
 
 UNBOUNDED = sys.maxsize
 
@@ -64,18 +64,12 @@ class HeldCall:
             self.ended.set_result(None)
 
 
-class HeldCallEngine(OpaqueModelEngine):
+class HeldCallEngine(AgentModelEngine):
     """A model's calls as Teola's engine sees them: decode admits one and waits for its end.
 
-    One call per batch: each is the model's own request (`LangChainLLMEngine` does the
-    same); the server batches the calls in flight with each other.
+    As an agent's model engine: one call per batch (each is the model's own request; the
+    server batches the calls in flight with each other), `concurrency` calls at once.
     """
-
-    def __init__(self, name: str, concurrency: int) -> None:
-        if concurrency < 1:
-            raise ValueError(f"model concurrency must be at least 1 (got {concurrency})")
-        self.name = name
-        self.limits = EngineLimits(concurrency=concurrency, max_batch_items=1)
 
     async def generate(self, call: Call, prompt: Any) -> None:
         if not isinstance(prompt, HeldCall):
