@@ -22,6 +22,8 @@ LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "
 # The apps `--llamaindex` accepts: QueryPipelines (`teola_benchmarks.llamaindex.examples`,
 # llama-index-core <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
 LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")
+# The graphs `--langgraph` accepts (`teola_examples.langgraph_<name>`).
+LANGGRAPH_EXAMPLES = ("rag", "map_reduce")
 
 
 def add_bench_command(commands: Any) -> None:
@@ -82,6 +84,21 @@ def add_bench_command(commands: Any) -> None:
         f"llama-index-core <= 0.12, fusion_query_engine runs on 0.12 and 0.14)",
     )
     p.add_argument(
+        "--langgraph",
+        choices=LANGGRAPH_EXAMPLES,
+        default=None,
+        metavar="EXAMPLE",
+        help=f"an example LangGraph graph, graph.ainvoke vs teola.optimize, on simulated OpenAI-compatible "
+        f"servers ({', '.join(LANGGRAPH_EXAMPLES)})",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="--langgraph: the LLM server runs at most this many requests at once (vLLM's option); "
+        "Teola is given the same bound (model_concurrency)",
+    )
+    p.add_argument(
         "--agents",
         action="store_true",
         help="concurrent ReAct agents (trace-driven) on a simulated LLM with a bounded KV pool: "
@@ -92,7 +109,7 @@ def add_bench_command(commands: Any) -> None:
         "--concurrency",
         type=int,
         default=None,
-        help="--langchain/--llamaindex: queries in flight (default 4); "
+        help="--langchain/--llamaindex/--langgraph: queries in flight (default 4); "
         "--agents: concurrent agents (default 32; 4 with --engines local-real)",
     )
     p.add_argument(
@@ -134,9 +151,11 @@ def bench_command(args: argparse.Namespace) -> int:
         from teola_benchmarks.overload.report import run_from_args
 
         return run_from_args(args)
-    if sum(map(bool, (args.langchain, args.llamaindex, args.agents))) > 1:
-        raise SystemExit("teola bench: --langchain, --llamaindex and --agents are exclusive")
-    if args.seeds and (args.langchain or args.llamaindex or args.agents or args.overhead):
+    if sum(map(bool, (args.langchain, args.llamaindex, args.langgraph, args.agents))) > 1:
+        raise SystemExit("teola bench: --langchain, --llamaindex, --langgraph and --agents are exclusive")
+    if args.max_num_seqs is not None and not args.langgraph:
+        raise SystemExit("teola bench: --max-num-seqs is for --langgraph")
+    if args.seeds and (args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead):
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
     if args.agents:
         return run_agents_bench(args)
@@ -145,6 +164,8 @@ def bench_command(args: argparse.Namespace) -> int:
         return run_langchain_bench(args)
     if args.llamaindex:
         return run_llamaindex_bench(args)
+    if args.langgraph:
+        return run_langgraph_bench(args)
     return run_workload_bench(args)
 
 
@@ -260,6 +281,33 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
         return 0
     Console().print(result.table(f"{result.example} (LlamaIndex)"))
+    return 0
+
+
+def run_langgraph_bench(args: argparse.Namespace) -> int:
+    """`--langgraph EXAMPLE`: needs langchain-openai, fastapi and uvicorn (imported only here)."""
+    from teola_benchmarks.langgraph.bench import bench_langgraph
+
+    if args.overhead:
+        raise SystemExit("teola bench: --overhead is not available with --langgraph")
+    time_scale = 0.5 if args.time_scale is None else args.time_scale
+    if time_scale <= 0:
+        raise SystemExit("teola bench: --time-scale must be > 0")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise SystemExit("teola bench: --max-num-seqs must be >= 1")
+    result = bench_langgraph(
+        args.langgraph,
+        queries=args.queries or 16,
+        concurrency=args.concurrency,
+        time_scale=time_scale,
+        batching=args.batching,
+        max_num_seqs=args.max_num_seqs,
+    )
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
+    Console().print(result.table(f"{result.example} (LangGraph{bound})"))
     return 0
 
 

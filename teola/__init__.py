@@ -10,13 +10,18 @@ __version__ = "0.1.0"
 def optimize(runnable: Any, **options: Any) -> Any:
     """A drop-in, optimized version of a LangChain runnable or a LlamaIndex object.
 
-    LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LlamaIndex
+    LangChain runnables: see `teola_langchain.runnable` (extra `langchain`). LangGraph
+    compiled graphs (and `create_agent` agents): see `teola_langchain.langgraph`. LlamaIndex
     objects (recognised by the package of a class in their MRO: query engines,
     `QueryPipeline`s, `Workflow`s, agents): see `teola_llamaindex` (extra `llamaindex`).
     """
     packages = {c.__module__.split(".")[0] for c in type(runnable).__mro__}
     if packages & {"llama_index", "workflows"}:
         return _optimize_llamaindex(runnable, **options)
+    if "langgraph" in packages:
+        from teola_langchain.langgraph import optimize as optimize_langgraph
+
+        return optimize_langgraph(runnable, **options)
     if not (
         packages & {"langchain_core", "langchain", "langgraph"} or isinstance(runnable, dict) or callable(runnable)
     ):

@@ -13,7 +13,8 @@ tool node close over the model, the tools and the middleware stack; nothing publ
 (`CompiledStateGraph.builder` holds the same closures) lets Teola rebuild or re-wire an
 already compiled agent reliably. So the agent carries `TeolaMiddleware`, LangChain's own
 hook (`wrap_model_call` / `wrap_tool_call` and their async twins), and `optimize(agent)`
-finds it there; an agent without it is refused with an error that says what to add.
+finds it there; an agent without it runs as any compiled graph does under
+`teola.optimize` (`teola_langchain.langgraph`), and its `explain()` says what to add.
 Listed last, it is the innermost wrapper: every real model call (retries of outer
 middleware included) is one Teola model call, and the tool cache keeps raw tool results.
 
@@ -464,22 +465,28 @@ def optimize_agent(agent: Any, **options: Any) -> OptimizedAgent:
     return OptimizedAgent(agent, **options)
 
 
+def teola_middlewares(graph: Any) -> list[TeolaMiddleware]:
+    """The `TeolaMiddleware` instances of a compiled graph, found by their `before_agent` steps
+    (none for a graph that is not a `StateGraph` agent)."""
+    nodes = getattr(getattr(graph, "builder", None), "nodes", None)
+    found: list[TeolaMiddleware] = []
+    for spec in nodes.values() if isinstance(nodes, Mapping) else ():
+        for func in (getattr(spec.runnable, "func", None), getattr(spec.runnable, "afunc", None)):
+            owner = getattr(func, "__self__", None)
+            if isinstance(owner, TeolaMiddleware) and owner not in found:
+                found.append(owner)
+    return found
+
+
 def find_middleware(agent: Any) -> TeolaMiddleware:
     """The agent's `TeolaMiddleware`, found by its `before_agent` step in the graph."""
-    builder = getattr(agent, "builder", None)
-    nodes = getattr(builder, "nodes", None)
-    if not isinstance(nodes, Mapping):
+    if not isinstance(getattr(getattr(agent, "builder", None), "nodes", None), Mapping):
         raise TypeError(
             f"teola.optimize got a {type(agent).__name__}, not a compiled LangChain agent: build it with "
             "langchain.agents.create_agent(model, tools, middleware=[TeolaMiddleware()]) "
             "(from teola_langchain.agents import TeolaMiddleware)"
         )
-    found: list[TeolaMiddleware] = []
-    for spec in nodes.values():
-        for func in (getattr(spec.runnable, "func", None), getattr(spec.runnable, "afunc", None)):
-            owner = getattr(func, "__self__", None)
-            if isinstance(owner, TeolaMiddleware) and owner not in found:
-                found.append(owner)
+    found = teola_middlewares(agent)
     if not found:
         raise TypeError(
             f"teola.optimize cannot hook the agent {agent.get_name()!r}: a compiled agent keeps its model and "
@@ -610,4 +617,5 @@ __all__ = [
     "TeolaMiddleware",
     "find_middleware",
     "optimize_agent",
+    "teola_middlewares",
 ]

@@ -657,17 +657,11 @@ def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyPr
 def optimize(runnable: Runnable[Any, Any] | Any, **options: Any) -> Runnable[Any, Any]:
     """Trace `runnable` (any LangChain runnable, or a dict of them) and return its drop-in.
 
-    A LangGraph graph (a LangChain agent from `create_agent`) goes to
-    `teola_langchain.agents` (options: see `OptimizedAgent`).
+    A compiled LangGraph graph (a LangChain agent from `create_agent` included) goes to
+    `teola_langchain.langgraph`.
     """
     if any(c.__module__.split(".")[0] == "langgraph" for c in type(runnable).__mro__):
-        try:
-            from teola_langchain.agents import optimize_agent
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.split(".")[0] == "langchain":
-                raise ModuleNotFoundError(
-                    "teola.optimize(agent) needs langchain 1.x: pip install 'teola[langchain]'", name=exc.name
-                ) from exc
-            raise
-        return optimize_agent(runnable, **options)
+        from teola_langchain.langgraph import optimize as optimize_langgraph
+
+        return optimize_langgraph(runnable, **options)
     return TeolaRunnable(runnable, **options)

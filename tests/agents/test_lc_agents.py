@@ -259,11 +259,16 @@ async def test_ainvoke_gives_the_plain_agents_messages(programs: list[Program]) 
         assert_through_teola(programs[-1], got)
 
 
-def test_an_agent_without_the_middleware_is_refused_with_what_to_do() -> None:
+def test_an_agent_without_the_middleware_runs_as_langgraph_runs_it_with_advice() -> None:
     tools = Tools()
     agent = create_agent(ScriptedChatModel(), tools.all)
-    with pytest.raises(TypeError, match=r"middleware=\[\.\.\., TeolaMiddleware\(\)\]"):
-        teola.optimize(agent)
+    fast = teola.optimize(agent)
+    assert not isinstance(fast, OptimizedAgent)
+    question = user("read a.txt b.txt")
+    assert messages_view(fast.invoke(question)) == messages_view(agent.invoke(question))
+    assert "create_agent(model, tools, middleware=[..., TeolaMiddleware()])" in fast.explain()
+    with pytest.raises(TypeError, match=r"\['idempotent_tools'\] are options of agents built with TeolaMiddleware"):
+        teola.optimize(agent, idempotent_tools={"read_file": "v1"})
     with pytest.raises(ValueError, match=r"unknown tool\(s\) \['read_fil'\]"):
         teola.optimize(make_agent(tools), idempotent_tools={"read_fil": "v1"})
 

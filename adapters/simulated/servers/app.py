@@ -71,6 +71,7 @@ class SimServers:
         responder: Callable[[str, int], str] | None = None,
         max_batch_items: int | None = None,
         vllm_api: bool = True,
+        max_num_seqs: int | None = None,
     ) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
@@ -78,6 +79,7 @@ class SimServers:
         self.batching = batching
         self._responder = responder or ExampleResponder()
         self._max_batch_items = max_batch_items
+        self._max_num_seqs = max_num_seqs
         self.vllm_api = vllm_api
         self._app: FastAPI | None = None
         self._thread: threading.Thread | None = None
@@ -109,7 +111,9 @@ class SimServers:
         self.port = sock.getsockname()[1]
         ready = threading.Event()
         self._app = make_app(
-            lambda: SimBackend(self.time_scale, self.batching, self._responder, self._max_batch_items),
+            lambda: SimBackend(
+                self.time_scale, self.batching, self._responder, self._max_batch_items, self._max_num_seqs
+            ),
             ready,
             self.vllm_api,
         )

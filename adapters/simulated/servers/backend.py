@@ -4,6 +4,10 @@
     text = await backend.generate(prompt, max_tokens=64)     # on the simulated 7B LLM
     vectors = await backend.embed_batches.submit(texts, len(texts))
 
+`max_num_seqs` (vLLM's option of that name): at most that many LLM requests run at once;
+the others wait, first come first served (None: every request runs at once, as when the
+KV cache holds them all).
+
 It lives on the server's event loop: one `SimLLM` (continuous batching, prefix cache),
 one `SimEmbedder` and one reranker instance with the paper's profiles, shared by every
 client of the server, so systems run against one server are compared fairly.
@@ -11,6 +15,8 @@ client of the server, so systems run against one server are compared fairly.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -53,8 +59,10 @@ class SimBackend:
         batching: Batching,
         responder: Callable[[str, int], str],
         max_batch_items: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         self.llm = SimLLM(LLM, time_scale=time_scale, responder=responder, cache_tokens=LLM_CACHE_TOKENS)
+        self.llm_slots = asyncio.Semaphore(max_num_seqs) if max_num_seqs else None  # FIFO, as vLLM's waiting queue
         self.embedder = SimEmbedder(EMBEDDER, time_scale=time_scale)
         self.rerank_clock = SimClock(time_scale)
         embed_max = max_batch_items or EMBEDDER.max_efficient_batch("embed")
@@ -88,14 +96,20 @@ class SimBackend:
         return (await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.PREFILL), {"prompt": prompt})))["kv"]
 
     async def generate(self, prompt: str, max_tokens: int) -> str:
-        kv = await self._kv(prompt)
-        out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
+        async with self._running():
+            kv = await self._kv(prompt)
+            out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
         return str(out["text"])
 
     async def stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
-        kv = await self._kv(prompt)
-        async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
-            yield piece
+        async with self._running():
+            kv = await self._kv(prompt)
+            async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
+                yield piece
+
+    def _running(self) -> Any:
+        """One of `max_num_seqs` running requests (waiting for one first), or no limit."""
+        return self.llm_slots if self.llm_slots is not None else contextlib.nullcontext()
 
     def reset_prefix_cache(self) -> None:
         """Empty the LLM's prefix cache (between benchmark runs)."""

@@ -1,0 +1,109 @@
+"""`teola bench --langgraph EXAMPLE`: an example graph, LangGraph's `ainvoke` vs `teola.optimize`.
+
+One set of simulated servers (`teola_adapters.simulated.servers.SimServers`), one
+compiled graph, the same inputs for both systems, run one after the other, each as a
+closed loop of `concurrency` workers (`langgraph`: `graph.ainvoke`; `teola`:
+`teola.optimize(graph, **options).ainvoke`). Before each system a warm-up run (untimed),
+then the same run alone on an emptied prefix cache (`alone_s`); the cache is emptied
+again before the measured runs. Both systems' answers (`module.answer(output)`) must be
+equal (else `AnswerMismatch`).
+
+`max_num_seqs` gives the LLM server vLLM's bound on running requests (the others queue,
+first come first served); Teola is then told the same bound (`model_concurrency`), as a
+user would set it to their server's. Without it the server runs every request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+import teola
+from teola_adapters.simulated.servers import Batching, SimServers
+from teola_benchmarks.cli import LANGGRAPH_EXAMPLES as EXAMPLES
+from teola_benchmarks.framework_result import FrameworkBenchResult
+from teola_benchmarks.langchain.bench import AnswerMismatch, _closed_loop
+
+SYSTEMS = ("langgraph", "teola")
+
+
+def example_module(name: str) -> ModuleType:
+    if name not in EXAMPLES:
+        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
+    return importlib.import_module(f"teola_examples.langgraph_{name}")
+
+
+def bench_langgraph(
+    example: str,
+    *,
+    queries: int = 16,
+    concurrency: int = 4,
+    time_scale: float = 0.5,
+    batching: Batching = "dynamic",
+    max_num_seqs: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> FrameworkBenchResult:
+    """Run both systems on one example against one set of servers (see the module docstring)."""
+    if queries < 1 or concurrency < 1:
+        raise ValueError("queries and concurrency must be >= 1")
+    module = example_module(example)
+    from teola_examples.common import corpus, openai_models
+
+    inputs = module.inputs(queries + 1)
+    options = {
+        **module.OPTIMIZE_OPTIONS,
+        **({"model_concurrency": max_num_seqs} if max_num_seqs else {}),
+        **(options or {}),
+    }
+    with SimServers(time_scale=time_scale, batching=batching, max_num_seqs=max_num_seqs) as servers:
+        llm, embeddings = openai_models(servers.base_url)
+        graph = module.build_graph(llm, embeddings, corpus=corpus())
+        fast = teola.optimize(graph, **options)
+        try:
+            latencies, outputs, alone = asyncio.run(_measure(graph, fast, inputs[0], inputs[1:], concurrency, servers))
+        finally:
+            fast.close()
+    _check_equal(example, inputs[1:], {name: [module.answer(o) for o in outs] for name, outs in outputs.items()})
+    b = servers.backend
+    server = {
+        "requests": dict(b.requests),
+        "llm_steps": b.llm.stats.steps,
+        "alone_s": alone,
+        "max_num_seqs": max_num_seqs,
+        "teola_options": {k: v for k, v in options.items() if isinstance(v, int | float | str | bool)},
+    }
+    return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
+
+
+async def _measure(
+    graph: Any, fast: Any, warmup: Any, inputs: Sequence[Any], concurrency: int, servers: SimServers
+) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
+    latencies: dict[str, list[float]] = {}
+    outputs: dict[str, list[Any]] = {}
+    alone: dict[str, float] = {}
+    async with httpx.AsyncClient() as admin:
+
+        async def reset() -> None:
+            (await admin.post(f"{servers.root_url}/reset_prefix_cache")).raise_for_status()
+
+        for name, system in (("langgraph", graph), ("teola", fast)):
+            await system.ainvoke(warmup)  # connections, threads, Teola's runtime: not timed
+            await reset()
+            began = time.perf_counter()
+            await system.ainvoke(warmup)
+            alone[name] = time.perf_counter() - began
+            await reset()
+            latencies[name], outputs[name] = await _closed_loop(system, inputs, concurrency)
+    return latencies, outputs, alone
+
+
+def _check_equal(example: str, inputs: Sequence[Any], answers: dict[str, list[Any]]) -> None:
+    for x, want, got in zip(inputs, answers["langgraph"], answers["teola"], strict=True):
+        if want != got:
+            raise AnswerMismatch(f"{example}: teola answered {got!r} where langgraph answered {want!r} for {x!r}")

@@ -1,0 +1,173 @@
+"""How Teola sees the model calls a graph's nodes make: a callback handler per run.
+
+Why callbacks: a node is the user's function, closing over the user's model; Teola cannot
+swap the model without mutating the user's objects (its `rate_limiter` field is per
+object), a wrapper would not be the object the function calls, and patching the model
+classes would be global state. LangChain itself offers the hook: `register_configure_hook`
+adds the handler held by a context variable to every callback manager configured while
+the variable is set (its own usage and run collectors work this way). `OptimizedGraph` sets
+the variable to the run's handler (`RunGate`) while LangGraph executes that run, so every model
+call made by the run's nodes (with the node's config or none, in subgraphs too) reports
+to it, and nothing outside the run does.
+
+What the gate does with a call: with a bound on the model's calls in flight
+(`model_concurrency`), its `on_chat_model_start` / `on_llm_start` (awaited by LangChain
+before the model sends its request) waits until Teola's scheduler admits the call
+(`admission.py`); `on_llm_end` / `on_llm_error` free its slot. Without one nothing would
+ever wait, so the run's handler only counts the calls (`RunCalls`): no added latency. The request, the
+answer and every other handler's callbacks are the model's own: the gate only delays
+the start. It is added as a non-inheritable handler, so nodes never find it in their
+config's callbacks, and it ignores chains, tools, agents and custom events.
+
+Sync runs: LangChain runs an async handler method of a sync callback manager on a loop
+of its own; the gate then waits for the admission made on the run's loop (Teola's loop
+thread) through a thread-safe future, and its end callbacks hop to that loop.
+A call that never reports its end (a stream its caller abandoned) keeps its slot until
+the run ends, when `close()` frees every slot of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.tracers.context import register_configure_hook
+
+from teola_langchain.langgraph.admission import HeldCall, ModelAdmission
+
+CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
+register_configure_hook(CURRENT_GATE, inheritable=False)
+
+
+class RunCalls(BaseCallbackHandler):
+    """One graph run's model calls, counted; with no bound that is all (they go when made)."""
+
+    run_inline = True  # bookkeeping: no executor hop
+    raise_error = False  # a failure of Teola's admission is logged by LangChain; the call goes on
+    ignore_chain = True
+    ignore_agent = True
+    ignore_retriever = True
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self._count = itertools.count(1)
+        self.calls = 0  # model calls seen (admitted or waiting) so far
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any) -> Any:
+        self.calls = next(self._count)  # atomic: sync runs report from several threads
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: Any, *, run_id: UUID, **kwargs: Any) -> Any:
+        self.calls = next(self._count)
+
+    def close(self) -> None:
+        """The run ended."""
+
+
+class RunGate(RunCalls):
+    """One graph run's model calls, held until admitted (see the module docstring)."""
+
+    def __init__(self, admission: ModelAdmission, loop: asyncio.AbstractEventLoop, rank: int, run: str) -> None:
+        super().__init__(run)
+        self.admission = admission
+        self.loop = loop
+        self.rank = rank
+        self._held: dict[UUID, tuple[HeldCall, asyncio.Task[None]]] = {}
+
+    # -- LangChain callbacks -------------------------------------------------------------
+    async def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")))
+
+    async def on_llm_start(self, serialized: dict[str, Any], prompts: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")))
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._on_loop(self._leave, run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._on_loop(self._leave, run_id)
+
+    # -- holding -------------------------------------------------------------------------
+    async def _enter(self, call: UUID, engine: str) -> None:
+        if _running_loop() is self.loop:
+            await self._hold(call, engine)
+        else:  # a sync callback manager runs this on a loop of its own
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine), self.loop))
+
+    async def _hold(self, call: UUID, engine: str) -> None:
+        held = HeldCall.on_running_loop()
+        self.calls = next(self._count)
+        call_id = f"{self.run}/call{self.calls}"
+        task = self.loop.create_task(self.admission.hold(engine, held, rank=self.rank, call_id=call_id))
+        task.add_done_callback(lambda t: _admit_on_failure(t, held))
+        self._held[call] = (held, task)
+        try:
+            await asyncio.shield(held.admitted)
+        except BaseException:
+            self._leave(call)
+            raise
+
+    def _leave(self, call: UUID) -> None:
+        entry = self._held.pop(call, None)
+        if entry is None:
+            return
+        held, task = entry
+        held.end()
+        if not held.admitted.done():
+            task.cancel()
+
+    def _on_loop(self, fn: Any, *args: Any) -> None:
+        if _running_loop() is self.loop:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def close(self) -> None:
+        """The run ended: free the slots of calls that never reported their end (on the run's loop)."""
+        for call in list(self._held):
+            self._leave(call)
+
+
+def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None) -> str:
+    """The engine a model call goes to: one per model, named as LangChain's tracing names it.
+
+    LangChain's standard tracing parameters (`ls_provider`, `ls_model_name`) identify the
+    model a call is served by; the class path (from the serialized model) stands in when a
+    model does not name itself. Calls of one model share its engine's slots, whichever
+    object (or binding) made them.
+    """
+    meta = metadata or {}
+    provider, name = meta.get("ls_provider"), meta.get("ls_model_name")
+    if isinstance(provider, str) and isinstance(name, str):
+        return f"llm:{provider}/{name}"
+    ident = (serialized or {}).get("id")
+    if isinstance(ident, list) and ident:
+        return "llm:" + ".".join(str(part) for part in ident)
+    return "llm:" + (provider if isinstance(provider, str) else "model")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _admit_on_failure(task: asyncio.Task[None], held: HeldCall) -> None:
+    """Teola's side of a call failed or was closed before admitting it: the call must not hang."""
+    if held.admitted.done():
+        return
+    if task.cancelled():
+        held.admitted.cancel()
+    elif task.exception() is not None:
+        held.admitted.set_exception(task.exception())  # raised in the callback, logged by LangChain
+    else:
+        held.admit()

@@ -1,0 +1,232 @@
+"""`optimize(graph)`: the same compiled graph, run by LangGraph, with its model calls on Teola.
+
+    fast = teola.optimize(graph)          # a copy of the compiled graph; the original is untouched
+    await fast.ainvoke({"question": "..."}, {"configurable": {"thread_id": "t1"}})
+    fast.get_state(config)                # same checkpointer, same threads
+    print(fast.explain())
+
+Why LangGraph stays the executor: its semantics are the contract (supersteps, channels,
+reducers, writes applied when a superstep ends, checkpoints, interrupts, `Send`, retries,
+node caching, streams in every mode). Teola changes only *when* the model calls that the
+nodes make are sent (`gate.py`, `admission.py`), which cannot change what they return.
+
+How: the optimized graph is an instance of a subclass of the graph's own class, with the
+same attributes (`__dict__` copied, so the nodes, channels, checkpointer, store and cache
+are the original's). Every way of running a graph goes through `stream` or `astream`
+(`invoke`, `batch`, `stream_events`, `astream_events`, ... call them), so those two are
+the only methods it overrides: each opens a run (`GraphRuns.open`), sets the context
+variable that puts the run's handler (`gate.py`) on every callback manager configured while
+LangGraph executes a step of the run, and closes the run when the stream ends, however
+it ends. A run inside a run (the graph called from a node of an optimized run) is part
+of the outer run. Everything else (`get_state`, `update_state`, `get_graph`, ...) is
+LangGraph's own, on the same objects.
+
+Chains as nodes (`runnable_nodes=True`): the copy gets its own node table in which each
+node whose runnable is an LCEL chain runs `teola.optimize(chain)` instead (batching,
+prefill split, decode pipelining inside the chain); LangGraph still calls it as a node.
+Off by default until the LCEL executor keeps LangChain's callbacks exactly; LangGraph's
+suite passes routed either way (`tests/conformance`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langgraph.pregel import Pregel
+
+from teola_core.runtime.base import RuntimeHook
+from teola_langchain.explain import section
+from teola_langchain.langgraph.gate import CURRENT_GATE
+from teola_langchain.langgraph.runs import GraphRuns
+from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
+
+
+class OptimizedGraph:
+    """Mixed into a copy of the user's compiled graph (see the module docstring)."""
+
+    _teola: GraphRuns
+    _teola_original: Pregel
+    _teola_chains: frozenset[str]  # nodes whose chain runs through teola.optimize
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        if CURRENT_GATE.get() is not None:  # part of a run already open here
+            yield from super().stream(*args, **kwargs)  # type: ignore[misc]
+            return
+        runs = self._teola
+        gate = runs.open(None)
+        chunks = super().stream(*args, **kwargs)  # type: ignore[misc]
+        try:
+            while True:
+                token = CURRENT_GATE.set(gate)
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+                finally:
+                    CURRENT_GATE.reset(token)
+                yield chunk
+        finally:
+            token = CURRENT_GATE.set(gate)
+            try:
+                chunks.close()
+            finally:
+                CURRENT_GATE.reset(token)
+                runs.close(gate)
+
+    async def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if CURRENT_GATE.get() is not None:
+            async with contextlib.aclosing(super().astream(*args, **kwargs)) as inner:  # type: ignore[misc]
+                async for chunk in inner:  # closed when this stream is (LangGraph then cancels its tasks)
+                    yield chunk
+            return
+        runs = self._teola
+        gate = runs.open(asyncio.get_running_loop())
+        chunks = super().astream(*args, **kwargs).__aiter__()  # type: ignore[misc]
+        try:
+            while True:
+                token = CURRENT_GATE.set(gate)
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    CURRENT_GATE.reset(token)
+                yield chunk
+        finally:
+            token = CURRENT_GATE.set(gate)
+            try:
+                await chunks.aclose()
+            finally:
+                CURRENT_GATE.reset(token)
+                runs.close(gate)
+
+    def copy(self, update: dict[str, Any] | None = None) -> Any:
+        """LangGraph's copy (`with_config` uses it), still optimized, sharing this graph's runs."""
+        copied = super().copy(update)  # type: ignore[misc]
+        copied._teola = self._teola
+        copied._teola_original = self._teola_original
+        copied._teola_chains = self._teola_chains
+        return copied
+
+    @property
+    def calls_on_graph(self) -> int:
+        """Runs in which Teola admitted at least one model call."""
+        return self._teola.calls_on_graph
+
+    @property
+    def original(self) -> Pregel:
+        """The compiled graph this one was made from."""
+        return self._teola_original
+
+    def close(self) -> None:
+        """Stop the loop thread of the sync methods (it restarts if used again)."""
+        self._teola.shutdown()
+
+    def explain(self) -> str:
+        """What LangGraph runs and what Teola does for each node, the engines seen so far, advice."""
+        runs = self._teola
+        original = self._teola_original
+        out = [
+            f"Teola plan for the LangGraph graph {original.get_name()!r} ({type(original).__name__})\n",
+            "LangGraph runs the graph (supersteps, state, checkpoints, streams); Teola schedules the model "
+            "calls its nodes make (teola_langchain.langgraph.gate).\n",
+        ]
+        lines = [
+            f"- {k.name}: {k.kind} ({k.runnable}): {_node_plan(k.kind, k.name in self._teola_chains)}"
+            for k in node_kinds(original)
+        ]
+        out.append(section("nodes", "\n".join(lines) or "- none"))
+        bound = (
+            "no bound: a call goes as soon as its node makes it"
+            if runs.concurrency is None
+            else (f"at most {runs.concurrency} in flight per model; the others wait, earlier runs first")
+        )
+        out.append(section("model calls", f"- {bound}\n- engines so far: {', '.join(runs.engines()) or 'none'}"))
+        out.append(
+            section(
+                "runs",
+                f"- {runs.runs} run(s); {runs.calls_on_graph} with model calls on Teola ({runs.model_calls} calls)",
+            )
+        )
+        advice = _advice(original, self._teola_chains, runs.concurrency)
+        out.append(section("advice", "\n".join(f"- {a}" for a in advice) or "- none"))
+        return "\n".join(out)
+
+
+def _node_plan(kind: str, traced: bool) -> str:
+    if kind == "chain":
+        return "traced by teola.optimize (LCEL)" if traced else "run by LangChain as written"
+    if kind == "subgraph":
+        return "run by LangGraph; its nodes' model calls belong to the run"
+    if kind == "tools":
+        return "run by LangGraph; tool calls as written"
+    return "run as written; the model calls it makes are scheduled by Teola"
+
+
+def _advice(graph: Pregel, chains: frozenset[str], concurrency: int | None) -> list[str]:
+    advice = []
+    if is_create_agent(graph):
+        advice.append(
+            "this is a create_agent agent without TeolaMiddleware: it runs as LangGraph runs it. Build it with "
+            "create_agent(model, tools, middleware=[..., TeolaMiddleware()]) (from teola_langchain.agents import "
+            "TeolaMiddleware) to run its model and tool calls on Teola's agent runtime (priority by run, KV "
+            "retention during tool calls, shared results of idempotent tools, summaries ahead of time)"
+        )
+    untraced = [k.name for k in node_kinds(graph) if k.kind == "chain" and k.name not in chains]
+    if untraced:
+        advice.append(
+            f"nodes {untraced} are LCEL chains: teola.optimize(graph, runnable_nodes=True) runs them through "
+            "teola.optimize (batching, prefill split, decode pipelining inside the chain)"
+        )
+    if concurrency is None:
+        advice.append(
+            "model_concurrency: give the number of requests your model server runs at once (vLLM --max-num-seqs, "
+            "llama.cpp --parallel, an API's concurrency limit); calls beyond it then wait in Teola, earlier runs "
+            "first, instead of in the server's queue behind later runs' fan-outs"
+        )
+    return advice
+
+
+@functools.cache
+def optimized_class(cls: type[Pregel]) -> type[Pregel]:
+    """`cls` with `OptimizedGraph` mixed in (one class per graph class)."""
+    return type(cls.__name__, (OptimizedGraph, cls), {"__module__": __name__, "__qualname__": cls.__qualname__})
+
+
+def optimize_graph(
+    graph: Pregel,
+    *,
+    model_concurrency: int | None = None,
+    runnable_nodes: bool = False,
+    hooks: Sequence[RuntimeHook] = (),
+) -> Pregel:
+    """A copy of `graph` whose model calls run on Teola (see the module docstring).
+
+    model_concurrency: model calls in flight at once per model (None: no bound); beyond
+        it calls wait in Teola, earlier runs first (`admission.py` says when that pays).
+    runnable_nodes: run nodes that are LCEL chains (`RunnableSequence`, `RunnableParallel`,
+        `RunnableBranch`) through `teola.optimize(chain)`; off, they run as LangChain runs them.
+    hooks: runtime hooks (`teola_core.runtime.timeline.SpanRecorder`, ...): they see one
+        prefill and one decode span per model call (queued, admitted, ended).
+    """
+    original = graph._teola_original if isinstance(graph, OptimizedGraph) else graph
+    cls = optimized_class(type(original))
+    fast = cls.__new__(cls)
+    fast.__dict__.update(original.__dict__)
+    fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
+    fast._teola_original = original
+    fast._teola_chains = frozenset()
+    if runnable_nodes:
+        import teola
+
+        chains = {n for n, node in original.nodes.items() if isinstance(node.bound, LCEL_CHAINS) and not node.subgraphs}
+        fast.nodes = {
+            n: node.copy({"bound": teola.optimize(node.bound)}) if n in chains else node
+            for n, node in original.nodes.items()
+        }
+        fast._teola_chains = frozenset(chains)
+    return fast

@@ -1,0 +1,89 @@
+"""The Teola side of an optimized graph's runs: one callback handler per run, ranked by start.
+
+With a bound on model calls, runs on one event loop share a `ModelAdmission` (its engines
+hold loop-bound futures): async runs use the caller's loop, sync runs the loop of a thread
+this object owns (`LoopThread`), where their held calls are scheduled while LangGraph's
+worker threads wait. Without one, a run's handler only counts its calls.
+
+    runs = GraphRuns("rag", concurrency=None)
+    gate = runs.open(asyncio.get_running_loop())   # a run starts: rank 0, 1, ... (None: a sync run)
+    ...                                            # its model calls report to `gate`
+    runs.close(gate)                               # it ended: its slots are free
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import weakref
+from collections.abc import Sequence
+
+from teola_core.runtime.base import RuntimeHook
+from teola_core.runtime.loop_thread import LoopThread
+from teola_langchain.langgraph.admission import ModelAdmission
+from teola_langchain.langgraph.gate import RunCalls, RunGate
+
+
+class GraphRuns:
+    """Admissions per event loop, run ranks and counters of one optimized graph."""
+
+    def __init__(self, name: str, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
+        self.name = name
+        self.concurrency = concurrency
+        self.hooks = tuple(hooks)
+        self.runs = 0  # runs started
+        self.calls_on_graph = 0  # runs in which Teola admitted at least one model call
+        self.model_calls = 0  # model calls admitted by Teola
+        self._ranks = itertools.count()
+        self._admissions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ModelAdmission] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+        self._thread = LoopThread(f"teola-graph:{name}")
+        self._finalizer = weakref.finalize(self, self._thread.close)
+
+    def admission(self, loop: asyncio.AbstractEventLoop) -> ModelAdmission:
+        with self._lock:
+            admission = self._admissions.get(loop)
+            if admission is None:
+                admission = self._admissions[loop] = ModelAdmission(self.concurrency, self.hooks)
+            return admission
+
+    def open(self, loop: asyncio.AbstractEventLoop | None) -> RunCalls:
+        """A run starts on `loop` (async methods: the caller's; None: a sync method's)."""
+        rank = next(self._ranks)
+        with self._lock:
+            self.runs += 1
+        if self.concurrency is None:
+            return RunCalls(f"run{rank}")
+        if loop is None:  # the sync method's calls are scheduled on this object's own loop
+            loop = self._thread.loop
+        return RunGate(self.admission(loop), loop, rank, f"run{rank}")
+
+    def close(self, gate: RunCalls) -> None:
+        """The run ended (returned, raised, or its stream was closed)."""
+        if isinstance(gate, RunGate):
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is gate.loop:
+                gate.close()
+            else:
+                gate.loop.call_soon_threadsafe(gate.close)
+        with self._lock:
+            self.model_calls += gate.calls
+            self.calls_on_graph += gate.calls > 0
+
+    def engines(self) -> list[str]:
+        """The model engines made so far, on every loop."""
+        with self._lock:
+            admissions = list(self._admissions.values())
+        return sorted({name for a in admissions for name in a.engines()})
+
+    def shutdown(self) -> None:
+        """Stop the sync methods' loop thread (it restarts if used again)."""
+        self._thread.close()

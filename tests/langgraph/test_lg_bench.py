@@ -1,0 +1,46 @@
+"""`teola bench --langgraph`: the JSON shape, equal answers, the server's bound on running requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("langchain_openai")
+pytest.importorskip("uvicorn")
+
+from teola.cli import main
+from teola_adapters.simulated.servers import SimServers
+from teola_benchmarks.langgraph.bench import SYSTEMS
+from teola_examples.common import openai_models
+
+
+@pytest.mark.parametrize("example", ["rag", "map_reduce"])
+def test_langgraph_bench_json_shape(example: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--langgraph", example, "--json", "--queries", "2", "--concurrency", "2", "--time-scale", "0.01"]
+    assert main([*argv, "--max-num-seqs", "3"]) == 0  # raises AnswerMismatch if the answers differ
+    out = json.loads(capsys.readouterr().out)
+    assert out["example"] == example and set(out["systems"]) == set(SYSTEMS)
+    assert set(out["speedup_vs"]) == {"langgraph"}
+    assert out["server"]["max_num_seqs"] == 3 and out["server"]["teola_options"] == {"model_concurrency": 3}
+    assert set(out["server"]["alone_s"]) == set(SYSTEMS)
+
+
+def test_max_num_seqs_is_checked() -> None:
+    with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph"):
+        main(["bench", "--langchain", "naive_rag", "--max-num-seqs", "2"])
+    with pytest.raises(SystemExit, match="--max-num-seqs must be >= 1"):
+        main(["bench", "--langgraph", "rag", "--max-num-seqs", "0"])
+
+
+def test_the_server_runs_at_most_max_num_seqs_requests() -> None:
+    with SimServers(time_scale=0.01, max_num_seqs=1) as servers:
+        llm, _ = openai_models(servers.base_url, max_tokens=16)
+
+        async def ask() -> list[object]:
+            return list(await asyncio.gather(*(llm.ainvoke(f"question {i}") for i in range(4))))
+
+        answers = asyncio.run(ask())
+    assert len(answers) == 4
+    assert servers.backend.llm.stats.max_running == 1  # four requests at once, one decoding at a time
