@@ -21,7 +21,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from teola_benchmarks.workloads.common import words
+from teola_adapters.simulated.text import corpus_words as words
 from teola_examples.common import demo
 
 DOCUMENTS = 10

@@ -39,9 +39,9 @@ _OP = {
 
 def _share(node: Node) -> float:
     """The part of its decode's time a partial decode stands for."""
-    if node.kind != PrimitiveKind.PARTIAL_DECODE:
+    if node.kind != PrimitiveKind.PARTIAL_DECODE or node.part is None:
         return 1.0
-    return 1.0 / max(1, int(node.config.get("count", 1)))
+    return 1.0 / max(1, node.part.count)
 
 
 def engine_latency(node: Node, ctx: PassContext) -> float | None:
