@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from teola_adapters.llamacpp.loading import load_model
+
 _LOGGER = "llama-cpp-python"  # llama-cpp-python prints llama.cpp's log through this logger
 _backend_ready = False
 
@@ -47,9 +49,7 @@ class BatchedLlama:
         if not _backend_ready:
             lib.llama_backend_init()
             _backend_ready = True
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+        self.model = load_model(lib, path)
         if not self.model:
             raise LlamaCallError(f"llama.cpp could not load the model {path}")
         self.vocab = lib.llama_model_get_vocab(self.model)
@@ -122,17 +122,25 @@ class BatchedLlama:
             raise ValueError(f"nothing to evaluate: {len(tokens)} tokens from {start}")
         last = 0
         for begin in range(start, len(tokens), self.chunk):
-            piece = tokens[begin : begin + self.chunk]
-            self._fill([(t, begin + i, seq, i == len(piece) - 1) for i, t in enumerate(piece)])
-            self._decode()
-            last = len(piece) - 1
+            last = self.eval_chunk(seq, tokens, begin)
         return self.logits(last)
+
+    def eval_chunk(self, seq: int, tokens: Sequence[int], begin: int) -> int:
+        """Evaluate the canonical chunk of `tokens` that starts at `begin`; the row of its last token."""
+        piece = tokens[begin : begin + self.chunk]
+        self._fill([(t, begin + i, seq, i == len(piece) - 1) for i, t in enumerate(piece)])
+        self._decode()
+        return len(piece) - 1
 
     def step(self, rows: Sequence[tuple[int, int, int]]) -> list[Any]:
         """One `llama_decode` of (sequence, token, position) rows; each row's logits (copies)."""
         self._fill([(token, pos, seq, True) for seq, token, pos in rows])
         self._decode()
         return [self.logits(i) for i in range(len(rows))]
+
+    def argmax(self, logits: Any) -> int:
+        """The greedy choice: the first token of the highest logit."""
+        return int(self._np.argmax(logits))
 
     def logits(self, i: int) -> Any:
         row = self._lib.llama_get_logits_ith(self.ctx, i)
