@@ -7,7 +7,7 @@ llm.retain("agent-7", prompt + answer, ttl_s=2.5)   # KV retention for an agent'
 
 from teola_adapters.llamacpp.engine import LlamaCppEngine, LlamaCppError, LlamaCppStats
 from teola_adapters.llamacpp.loading import default_model_path, model_params, reference_llama
-from teola_adapters.llamacpp.profiling import measure_profile
+from teola_adapters.llamacpp.profiling import calibrate_decode, measure_profile
 from teola_adapters.llamacpp.state_cache import SavedState, StateCache
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "LlamaCppStats",
     "SavedState",
     "StateCache",
+    "calibrate_decode",
     "default_model_path",
     "measure_profile",
     "model_params",

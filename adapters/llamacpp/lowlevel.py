@@ -45,7 +45,7 @@ class BatchedLlama:
         self._lib, self._np = lib, np
         logger = logging.getLogger(_LOGGER)
         if logger.level == logging.NOTSET:
-            logger.setLevel(logging.ERROR)  # what `Llama(verbose=False)` does
+            logger.setLevel(logging.ERROR)  # what the high-level class does with verbose=False
         if not _backend_ready:
             lib.llama_backend_init()
             _backend_ready = True

@@ -1,5 +1,8 @@
 """Measure a llama.cpp engine's latency profile: `prefill` over tokens, `decode` over sequences.
 
+    profile = await measure_profile(llm, save_to="llamacpp.json")   # both curves, through calls (~1 min)
+    curve = await calibrate_decode(llm)                              # the decode curve only, ~2 s
+
 prefill(n): seconds for one PREFILL of a fresh n-token prompt (nothing reused), state save
 included — what the scheduler pays for it. decode(n): seconds of one decode step with n
 sequences. The engine batches the n decodes of one `run` (one `llama_decode` a step), so
@@ -94,3 +97,45 @@ async def measure_profile(
         profile.save(save_to)
     engine.profile = profile
     return profile
+
+
+async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 4, rounds: int = 5) -> Curve:
+    """Measure one decode step with 1..max_sequences sequences now, on this machine and thread
+    count, and install it as the profile's `decode` curve (what `max_efficient_batch` reads).
+
+    Each size is timed `rounds` times, interleaved with the others, and the fastest round
+    counts: other work on a shared machine only ever slows a round down. The engine must be
+    idle (it measures on its own sequences, then empties them).
+    """
+    if steps < 1 or rounds < 1:
+        raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
+    prompt = engine.tokenize(" ".join(_WORDS * 8))[: engine.chunk]
+    sizes = range(1, engine.max_sequences + 1)
+
+    def measure() -> dict[int, float]:
+        seqs, llm = engine.sequences, engine.llm
+        if any(slot.busy for slot in seqs.slots):
+            raise RuntimeError(f"{engine.name}: calibrate_decode needs an idle engine")
+        slots = seqs.slots[: engine.max_sequences]
+        for slot in slots:
+            seqs.empty(slot)
+            llm.eval(slot.index, prompt, 0)
+        best = dict.fromkeys(sizes, float("inf"))
+        try:
+            for _ in range(rounds):
+                for n in sizes:
+                    began = time.perf_counter()
+                    for k in range(steps):
+                        llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
+                    best[n] = min(best[n], (time.perf_counter() - began) / steps)
+                    for slot in slots[:n]:
+                        llm.truncate(slot.index, len(prompt))
+        finally:
+            for slot in slots:
+                seqs.empty(slot)
+        return best
+
+    curve = Curve(tuple((n, seconds) for n, seconds in (await engine.run_task(measure)).items()))
+    curves = dict(engine.profile.curves) if engine.profile is not None else {}
+    engine.profile = LatencyProfile(engine.name, {**curves, "decode": curve})
+    return curve

@@ -137,8 +137,12 @@ class Sequences:
         slot.busy = False
         slot.logits = None
         if failed:  # what the sequence holds is unknown
-            self.llm.truncate(slot.index, 0)
-            slot.tokens = ()
+            self.empty(slot)
+
+    def empty(self, slot: Slot) -> None:
+        """Drop the sequence's cells (scratch use, e.g. measuring a decode step)."""
+        self.llm.truncate(slot.index, 0)
+        slot.tokens, slot.logits = (), None
 
     def forget(self) -> None:
         """Drop every saved state and the idle sequences' contents (cold again)."""
@@ -146,8 +150,7 @@ class Sequences:
         self._evaluated_chunks.clear()  # nothing computed next counts as recomputed
         for slot in self.slots:
             if not slot.busy:
-                self.llm.truncate(slot.index, 0)
-                slot.tokens, slot.logits = (), None
+                self.empty(slot)
 
     def _truncate(self, slot: Slot, n: int) -> None:
         """Keep the first n tokens of the sequence (drop its cells beyond them)."""
@@ -193,8 +196,7 @@ class Sequences:
             self.cache.put(SavedState(slot.tokens, data, nbytes, logits))
             self.stats.prefill_s += time.perf_counter() - began
         except BaseException:
-            self.llm.truncate(slot.index, 0)
-            slot.tokens, slot.logits = (), None
+            self.empty(slot)
             raise
         finally:
             slot.busy = was_busy

@@ -107,21 +107,23 @@ async def run_demo(
     llm_replicas: int = 1,
     paragraphs: list[Paragraph] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    decode_batch: int | None = None,
 ) -> DemoResult:
     """Run the demo (see the module docstring); `progress(done, total)` reports ingestion.
 
     torch_threads: torch's thread count while the demo runs (restored after; None: leave it).
     llm_threads: llama.cpp's threads per engine (see the module docstring).
     llm_replicas: llama.cpp instances the optimized run spreads queries over (the plain
-      chain's model object has one; see `teola_langchain.native.NativeRunnable`).
+      chain's model object has one; see `teola.demo.native`).
     paragraphs: the corpus to ingest (default: the bundled one).
     """
     import torch
 
+    from teola.demo.components import ChatSmolLM, MiniLMEmbeddings, PgVectorCollection
+    from teola.demo.native import optimize_native
     from teola_adapters.embeddings import SentenceTransformerEmbedder
-    from teola_adapters.llamacpp import LlamaCppEngine
+    from teola_adapters.llamacpp import LlamaCppEngine, calibrate_decode
     from teola_adapters.pgvector import PgVectorStore
-    from teola_langchain.native import ChatSmolLM, MiniLMEmbeddings, PgVectorCollection, optimize_native
 
     if llm_replicas < 1:
         raise ValueError(f"llm_replicas must be >= 1, got {llm_replicas}")
@@ -159,6 +161,8 @@ async def run_demo(
         await _warm(plain_llm)
         for engine in (teola_engine, *replicas):
             await _warm(ChatSmolLM(engine=engine, max_tokens=max_tokens))
+        if decode_batch is None:
+            await calibrate_decode(teola_engine)
 
         plain_chain = build_chain(plain_llm, retriever)
         plain_answers, plain_times = await _timed([lambda i=i: plain_chain.ainvoke(i) for i in inputs])
@@ -168,6 +172,7 @@ async def run_demo(
             build_chain(teola_llm, retriever),
             hooks=[recorder],
             replicas=replicas,
+            decode_batch=decode_batch,
             expected_items=EXPECTED_QUERIES,
             warn=False,
         )

@@ -35,16 +35,15 @@ def test_a_chat_prefix_renders_as_a_text_prefix_of_the_prompt() -> None:
     pytest.importorskip("langchain_core")
     from langchain_core.prompts import ChatPromptTemplate
 
-    from teola_langchain.native import render_chat, render_prefix
-    from teola_langchain.prompts import describe
-    from teola_langchain.prompts import render_prefix as prefix_of
+    from teola.demo.components import render_chat, render_chat_prefix
+    from teola_langchain.prompts import describe, render_prefix
 
     prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "Q: {question}\nC: {context}")])
     values = {"question": "why?", "context": "because"}
     full = render_chat(prompt.invoke(values).to_messages())
     template = describe(prompt)
     for k in range(len(template.segments) + 1):
-        assert full.startswith(render_prefix(prefix_of(template, k, values)))
+        assert full.startswith(render_chat_prefix(render_prefix(template, k, values)))
 
 
 needs_engines = pytest.mark.skipif(
@@ -54,6 +53,7 @@ needs_engines = pytest.mark.skipif(
     ),
     reason="needs the embedded engines (bash .ci/install-engines.sh)",
 )
+on_llamacpp = pytest.mark.llamacpp  # a native crash fails the test by name (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +90,7 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @needs_engines
+@on_llamacpp
 def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from teola.demo.run import run_demo
@@ -115,12 +116,14 @@ def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, t
 
 
 @needs_engines
+@on_llamacpp
 def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain() -> None:
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
 
+    from teola.demo.components import ChatSmolLM
+    from teola.demo.native import NativeChatEngine, optimize_native
     from teola_adapters.llamacpp import LlamaCppEngine
-    from teola_langchain.native import ChatSmolLM, NativeChatEngine, optimize_native
 
     engine = LlamaCppEngine(n_threads=1)
     llm = ChatSmolLM(engine=engine, max_tokens=12)

@@ -19,6 +19,8 @@ from teola_adapters.llamacpp import LlamaCppEngine
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
+pytestmark = pytest.mark.llamacpp  # a native crash fails these tests by name (tests/conftest.py)
+
 K = PrimitiveKind
 QUESTIONS = (
     "What is the capital of France?",
