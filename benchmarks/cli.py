@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+from teola.cli_support import DefaultsFormatter, bounded_int, positive_float, working
 from teola_benchmarks.harness import BenchResult, bench, simulated_engines
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
@@ -22,14 +24,23 @@ LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "
 # The apps `--llamaindex` accepts: QueryPipelines (`teola_benchmarks.llamaindex.examples`,
 # llama-index-core <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
 LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")
+T = TypeVar("T")
 
 
 def add_bench_command(commands: Any) -> None:
-    p = commands.add_parser("bench", help="compare Teola with the paper's baselines on simulated engines")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag")
-    p.add_argument("--rate", type=float, default=0.5, help="Poisson arrival rate, queries per second")
+    p = commands.add_parser(
+        "bench",
+        help="compare Teola with the paper's baselines on simulated engines",
+        description="Compare Teola with the paper's baselines (LlamaDist, LlamaDistPC; PO and TO batching) "
+        "on one workload, or an example LangChain/LlamaIndex app, or agents. Progress goes to stderr.",
+        formatter_class=DefaultsFormatter,
+    )
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag", help="the paper's workload to run")
+    p.add_argument("--rate", type=positive_float, default=0.5, help="Poisson arrival rate, queries per second")
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
-    p.add_argument("--queries", type=int, default=None, help="queries per system (default 40; 16 with --langchain)")
+    p.add_argument(
+        "--queries", type=bounded_int(1), default=None, help="queries per system (default 40; 16 with --langchain)"
+    )
     p.add_argument(
         "--time-scale",
         type=float,
@@ -37,7 +48,7 @@ def add_bench_command(commands: Any) -> None:
         help="multiplies every simulated latency (default 0.1; 0.5 with --langchain)",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
-    p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
+    p.add_argument("--seed", type=bounded_int(0), default=0, help="the arrival sequence (and agent job set)")
     p.add_argument(
         "--seeds",
         type=str,
@@ -82,7 +93,7 @@ def add_bench_command(commands: Any) -> None:
     )
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=bounded_int(1),
         default=None,
         help="--langchain/--llamaindex: queries in flight (default 4); "
         "--agents: concurrent agents (default 32; 4 with --engines local-real)",
@@ -131,25 +142,32 @@ def run_bench(args: argparse.Namespace) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
-    rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
-    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    rates = _numbers(args.rates, "--rates", positive_float) if args.rates else [args.rate]
+    seeds = _numbers(args.seeds, "--seeds", bounded_int(0)) if args.seeds else [args.seed]
     if args.plot and len(seeds) > 1:
         raise SystemExit("teola bench: --plot draws one arrival sequence; give one seed")
-    results = [
-        asyncio.run(
-            bench(
-                workload,
-                rate=rate,
-                queries=args.queries,
-                time_scale=args.time_scale,
-                systems=systems,
-                seed=seed,
-                make_engines=real_engines if real else simulated_engines,
+    runs = [(rate, seed) for rate in rates for seed in seeds]
+    what = (
+        f"{args.workload}: {len(systems)} systems x {args.queries} queries "
+        f"({'real engines' if real else f'simulated, time scale {args.time_scale:g}'})"
+    )
+    results = []
+    with working(what if len(runs) == 1 else f"{what}, {len(runs)} runs (rates x seeds)", total=len(runs)) as done:
+        for rate, seed in runs:
+            results.append(
+                asyncio.run(
+                    bench(
+                        workload,
+                        rate=rate,
+                        queries=args.queries,
+                        time_scale=args.time_scale,
+                        systems=systems,
+                        seed=seed,
+                        make_engines=real_engines if real else simulated_engines,
+                    )
+                )
             )
-        )
-        for rate in rates
-        for seed in seeds
-    ]
+            done(1)
     if args.json:
         # The documented one-run object; several seeds also name each run's seed.
         payload = [{**r.to_json(), "seed": r.seed} if len(seeds) > 1 else r.to_json() for r in results]
@@ -172,7 +190,8 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     from teola_benchmarks.langchain.bench import bench_langchain, overhead_langchain
 
     if args.overhead:
-        overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
+        with working(f"{args.langchain}: invoke overhead on zero-latency fakes"):
+            overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
         if args.json:
             print(json.dumps(overhead.to_json()))
         else:
@@ -184,13 +203,7 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     time_scale = 0.5 if args.time_scale is None else args.time_scale
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency fakes)")
-    result = bench_langchain(
-        args.langchain,
-        queries=args.queries or 16,
-        concurrency=args.concurrency,
-        time_scale=time_scale,
-        batching=args.batching,
-    )
+    result = _framework_bench(bench_langchain, args.langchain, "plain LangChain", args, time_scale)
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
@@ -207,18 +220,20 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
     time_scale = 0.5 if args.time_scale is None else args.time_scale
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0")
-    result = bench_llamaindex(
-        args.llamaindex,
-        queries=args.queries or 16,
-        concurrency=args.concurrency,
-        time_scale=time_scale,
-        batching=args.batching,
-    )
+    result = _framework_bench(bench_llamaindex, args.llamaindex, "LlamaIndex", args, time_scale)
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
     Console().print(result.table(f"{result.example} (LlamaIndex)"))
     return 0
+
+
+def _framework_bench(run: Callable[..., T], example: str, plain: str, args: argparse.Namespace, scale: float) -> T:
+    """An example app, plain vs teola.optimize on simulated servers, with a progress row."""
+    with working(f"{example}: {plain} vs teola.optimize on simulated servers"):
+        return run(
+            example, queries=args.queries or 16, concurrency=args.concurrency, time_scale=scale, batching=args.batching
+        )
 
 
 def run_agents_bench(args: argparse.Namespace) -> int:
@@ -236,9 +251,10 @@ def run_agents_bench(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --time-scale must be > 0")
     systems = system_names() if args.systems == ",".join(SYSTEMS) else tuple(s.strip() for s in args.systems.split(","))
     try:
-        result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
-            bench_agents(concurrency=concurrency, time_scale=time_scale, seed=args.seed, systems=systems)
-        )
+        with working(f"{concurrency} agents x {len(systems)} systems on a simulated LLM (virtual time)"):
+            result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
+                bench_agents(concurrency=concurrency, time_scale=time_scale, seed=args.seed, systems=systems)
+            )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
@@ -264,11 +280,12 @@ def run_agents_llamacpp_bench(args: argparse.Namespace) -> int:
         else tuple(s.strip() for s in args.systems.split(",") if s.strip())
     )
     try:
-        result = asyncio.run(
-            bench_agents_llamacpp(
-                concurrency=concurrency, seed=args.seed, systems=systems, tool_time_scale=tool_time_scale
+        with working(f"{concurrency} agents x {len(systems)} systems on llama.cpp (real time)"):
+            result = asyncio.run(
+                bench_agents_llamacpp(
+                    concurrency=concurrency, seed=args.seed, systems=systems, tool_time_scale=tool_time_scale
+                )
             )
-        )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
@@ -292,6 +309,14 @@ def run_agents_llamacpp_bench(args: argparse.Namespace) -> int:
             print(f"teola bench: {name} answered differently than {systems[0]}: {where}", file=sys.stderr)
         return 1
     return 0
+
+
+def _numbers(text: str, option: str, parse: Callable[[str], T]) -> list[T]:
+    """A comma-separated list of `parse`d values; a bad one exits with one line naming it."""
+    try:
+        return [parse(part.strip()) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"teola bench: {option}: {exc} (hint: e.g. {option} 0.5,1,2)") from None
 
 
 def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[str, Any]]) -> Table:

@@ -42,7 +42,7 @@ from teola_adapters.llamacpp.loading import default_model_path
 from teola_adapters.llamacpp.lowlevel import BatchedLlama, Sampler
 from teola_adapters.llamacpp.sequences import Chunks, LlamaCppStats, Sequences
 from teola_adapters.llamacpp.state_cache import StateCache, aligned
-from teola_adapters.llamacpp.worker import Job, Worker, WorkerError
+from teola_adapters.llamacpp.worker import Job, WorkDone, Worker, WorkerError
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.engines.retention import KVRetention
 from teola_core.ir.kinds import PrimitiveKind
@@ -72,6 +72,8 @@ class LlamaCppEngine(Engine, KVRetention):
     hold_bytes: the most of them agents' holds may take (default: half of cache_bytes).
     default_max_tokens: a decode's length when its node sets no `max_tokens`.
     clock: the engine's clock for holds' time to live (monotonic seconds).
+    on_work: called on the worker thread after each prefill chunk and decode step (a
+      timeline's source; keep it quick).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class LlamaCppEngine(Engine, KVRetention):
         seed: int = 0,
         profile: ProfileSource = None,
         clock: Callable[[], float] = time.monotonic,
+        on_work: Callable[[WorkDone], None] | None = None,
     ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
@@ -115,7 +118,12 @@ class LlamaCppEngine(Engine, KVRetention):
         self.stats = LlamaCppStats()
         self.sequences = Sequences(self.llm, self.cache, self.stats)
         self._worker = Worker(
-            self.sequences, prefill=self._prefill, generation=self._generation, outputs=self._outputs, name=name
+            self.sequences,
+            prefill=self._prefill,
+            generation=self._generation,
+            outputs=self._outputs,
+            name=name,
+            on_work=on_work,
         )
 
     # -- tokens ----------------------------------------------------------------------

@@ -55,6 +55,8 @@ class BatchedLlama:
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.bos = int(lib.llama_vocab_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self.n_ctx = n_ctx
         self.n_seq = n_seq
         self.chunk = chunk
@@ -100,6 +102,10 @@ class BatchedLlama:
         return out
 
     def piece(self, token: int) -> bytes:
+        """The token's text (remembered: the vocabulary never changes)."""
+        known = self._pieces.get(token)
+        if known is not None:
+            return known
         self._check_open()
         lib = self._lib
         buf = ctypes.create_string_buffer(64)
@@ -107,10 +113,14 @@ class BatchedLlama:
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        return bytes(buf.raw[:n])
+        piece = self._pieces[token] = bytes(buf.raw[:n])
+        return piece
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+        known = self._eog.get(token)
+        if known is None:
+            known = self._eog[token] = bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+        return known
 
     # -- evaluation (the worker thread) ---------------------------------------------------
     def eval(self, seq: int, tokens: Sequence[int], start: int) -> Any:
@@ -133,10 +143,15 @@ class BatchedLlama:
         return len(piece) - 1
 
     def step(self, rows: Sequence[tuple[int, int, int]]) -> list[Any]:
-        """One `llama_decode` of (sequence, token, position) rows; each row's logits (copies)."""
+        """One `llama_decode` of (sequence, token, position) rows; each row's logits (copies).
+
+        Two foreign calls a step (each releases and retakes the GIL, which costs most when
+        other threads run Python): the decode, and one read of every row's logits.
+        """
         self._fill([(token, pos, seq, True) for seq, token, pos in rows])
         self._decode()
-        return [self.logits(i) for i in range(len(rows))]
+        every = self._lib.llama_get_logits(self.ctx)
+        return list(self._np.ctypeslib.as_array(every, shape=(len(rows), self.n_vocab)).copy())
 
     def argmax(self, logits: Any) -> int:
         """The greedy choice: the first token of the highest logit."""

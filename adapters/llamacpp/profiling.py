@@ -103,16 +103,17 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 4, rounds: in
     """Measure one decode step with 1..max_sequences sequences now, on this machine and thread
     count, and install it as the profile's `decode` curve (what `max_efficient_batch` reads).
 
-    Each size is timed `rounds` times, interleaved with the others, and the fastest round
-    counts: other work on a shared machine only ever slows a round down. The engine must be
-    idle (it measures on its own sequences, then empties them).
+    Each round times n sequences right after one sequence, so both see the same load from
+    other processes; the curve is the median ratio step(n) / step(1) times the median
+    step(1), which a busy shared machine moves far less than any single time. The engine
+    must be idle (it measures on its own sequences, then empties them).
     """
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
     prompt = engine.tokenize(" ".join(_WORDS * 8))[: engine.chunk]
     sizes = range(1, engine.max_sequences + 1)
 
-    def measure() -> dict[int, float]:
+    def measure() -> tuple[list[float], dict[int, list[float]]]:
         seqs, llm = engine.sequences, engine.llm
         if any(slot.busy for slot in seqs.slots):
             raise RuntimeError(f"{engine.name}: calibrate_decode needs an idle engine")
@@ -120,22 +121,32 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 4, rounds: in
         for slot in slots:
             seqs.empty(slot)
             llm.eval(slot.index, prompt, 0)
-        best = dict.fromkeys(sizes, float("inf"))
+
+        def step_s(n: int) -> float:
+            began = time.perf_counter()
+            for k in range(steps):
+                llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
+            seconds = (time.perf_counter() - began) / steps
+            for slot in slots[:n]:
+                llm.truncate(slot.index, len(prompt))
+            return seconds
+
+        ones: list[float] = []
+        ratios: dict[int, list[float]] = {n: [] for n in sizes}
         try:
             for _ in range(rounds):
                 for n in sizes:
-                    began = time.perf_counter()
-                    for k in range(steps):
-                        llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
-                    best[n] = min(best[n], (time.perf_counter() - began) / steps)
-                    for slot in slots[:n]:
-                        llm.truncate(slot.index, len(prompt))
+                    one = step_s(1)
+                    ones.append(one)
+                    ratios[n].append(step_s(n) / one)
         finally:
             for slot in slots:
                 seqs.empty(slot)
-        return best
+        return ones, ratios
 
-    curve = Curve(tuple((n, seconds) for n, seconds in (await engine.run_task(measure)).items()))
+    ones, ratios = await engine.run_task(measure)
+    one = statistics.median(ones)
+    curve = Curve(tuple((n, one * statistics.median(r)) for n, r in ratios.items()))
     curves = dict(engine.profile.curves) if engine.profile is not None else {}
     engine.profile = LatencyProfile(engine.name, {**curves, "decode": curve})
     return curve

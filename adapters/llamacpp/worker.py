@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,17 @@ from teola_adapters.llamacpp.sequences import Chunks, Sequences, Slot, drain
 from teola_core.engines.protocol import Call
 
 _RANKED_QUERIES = 4096  # queries whose rank the worker remembers (the oldest are forgotten)
+
+
+@dataclass(frozen=True)
+class WorkDone:
+    """What the worker just did, for a timeline: a prefill's chunk(s) or a decode step
+    (`time.perf_counter` seconds; a step's calls are the decodes it advanced)."""
+
+    kind: str  # "prefill" or "decode"
+    began: float
+    ended: float
+    calls: tuple[Call, ...]
 
 
 class WorkerError(RuntimeError):
@@ -72,6 +83,7 @@ class Worker:
         generation: Callable[[Job], Generation | None],
         outputs: Callable[[Call, str], Mapping[str, Any]],
         name: str,
+        on_work: Callable[[WorkDone], None] | None = None,
     ) -> None:
         self.seqs = seqs
         self.stats = seqs.stats
@@ -79,6 +91,7 @@ class Worker:
         self._generation_of = generation
         self._outputs = outputs
         self.name = name
+        self._on_work = on_work
         self._jobs: deque[Job] = deque()
         self._prefills: list[_Prefill] = []
         self._begun: _Prefill | None = None
@@ -171,6 +184,7 @@ class Worker:
         if prefill in self._prefills:
             self._prefills.remove(prefill)
         self._begun = prefill
+        began = time.perf_counter()
         try:
             next(prefill.chunks)
             return  # more chunks to go
@@ -178,6 +192,8 @@ class Worker:
             prefill.job.future.set_result(done.value)
         except Exception as exc:  # this call fails alone
             prefill.job.future.set_exception(exc)
+        finally:
+            self._report("prefill", began, (prefill.job,))
         self._begun = None
 
     def _drop_cancelled(self) -> None:
@@ -212,6 +228,12 @@ class Worker:
                     decode.gen.pos += 1
                 self.stats.decode_steps += 1
         self.stats.decode_s += time.perf_counter() - began
+        self._report("decode", began, [d.job for d in step])
+
+    def _report(self, kind: str, began: float, jobs: Sequence[Job]) -> None:
+        if self._on_work is not None:
+            calls = tuple(job.call for job in jobs if job.call is not None)
+            self._on_work(WorkDone(kind, began, time.perf_counter(), calls))
 
     def _admit(self, decode: _Decode) -> None:
         """Bring the decode's prompt state into a free sequence, which it then holds."""

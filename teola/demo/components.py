@@ -19,7 +19,9 @@ worker threads without a running loop). How Teola runs them natively: `teola.dem
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +39,8 @@ from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
 from teola_langchain.prompts import PromptPrefix
+
+OnCall = Callable[[str, float, float], None]  # (kind, began, ended), time.perf_counter seconds
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant"}
 
@@ -112,30 +116,42 @@ class ChatSmolLM(BaseChatModel):
 
 
 class MiniLMEmbeddings(Embeddings):
-    """MiniLM through a `SentenceTransformerEmbedder`: documents in one call, each query alone."""
+    """MiniLM through a `SentenceTransformerEmbedder`: documents in one call, each query alone.
 
-    def __init__(self, embedder: Any) -> None:
+    on_call(kind, began, ended): told the `time.perf_counter` span of every call ("embed").
+    """
+
+    def __init__(self, embedder: Any, on_call: OnCall | None = None) -> None:
         self.embedder = embedder
+        self.on_call = on_call
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.embedder.encode(texts, "document").tolist()
+        with _reported(self.on_call, "embed"):
+            return self.embedder.encode(texts, "document").tolist()
 
     def embed_query(self, text: str) -> list[float]:
-        return self.embedder.encode([text], "query")[0].tolist()
+        with _reported(self.on_call, "embed"):
+            return self.embedder.encode([text], "query")[0].tolist()
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        return (await self.embedder.encode_async(texts, "document")).tolist()
+        with _reported(self.on_call, "embed"):
+            return (await self.embedder.encode_async(texts, "document")).tolist()
 
     async def aembed_query(self, text: str) -> list[float]:
-        return (await self.embedder.encode_async([text], "query"))[0].tolist()
+        with _reported(self.on_call, "embed"):
+            return (await self.embedder.encode_async([text], "query"))[0].tolist()
 
 
 class PgVectorCollection(VectorStore):
-    """One collection of a `PgVectorStore`, searched by cosine distance (read-only here)."""
+    """One collection of a `PgVectorStore`, searched by cosine distance (read-only here).
 
-    def __init__(self, store: Any, collection: str, embeddings: Embeddings) -> None:
+    on_call(kind, began, ended): told the `time.perf_counter` span of every search ("search").
+    """
+
+    def __init__(self, store: Any, collection: str, embeddings: Embeddings, on_call: OnCall | None = None) -> None:
         self.store = store
         self.collection = collection
+        self.on_call = on_call
         self._embeddings = embeddings
         spec = spec_of(PrimitiveKind.SEARCH)
         assert spec.inputs is not None and spec.outputs is not None
@@ -157,7 +173,8 @@ class PgVectorCollection(VectorStore):
         node = Node("store.search", PrimitiveKind.SEARCH, self._inputs, self._outputs, self.store.name, config)
         node = replace(node, caps=self._caps)
         call = Call("store", node, {"vectors": [vector], "index": self.collection})
-        (hits,) = (await self.store.run_one(call))["hits"]
+        with _reported(self.on_call, "search"):
+            (hits,) = (await self.store.run_one(call))["hits"]
         return [Document(page_content=h.text, id=h.id, metadata=dict(h.metadata)) for h in hits]
 
     def similarity_search_by_vector(self, embedding: list[float], k: int = 4, **kwargs: Any) -> list[Document]:
@@ -171,3 +188,13 @@ class PgVectorCollection(VectorStore):
 
     async def asimilarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
         return await self.asimilarity_search_by_vector(await self._embeddings.aembed_query(query), k)
+
+
+@contextmanager
+def _reported(on_call: OnCall | None, kind: str) -> Iterator[None]:
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        if on_call is not None:
+            on_call(kind, began, time.perf_counter())

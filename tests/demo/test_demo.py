@@ -89,12 +89,27 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
     assert sorted(d.text for d in store.collection(name)) == sorted(p.text for p in corpus)
 
 
+class Phases:
+    """A `teola.demo.run.Progress` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, int | None, int]] = []
+
+    def start(self, phase: str, total: int | None = None) -> None:
+        self.phases.append((phase, total, 0))
+
+    def advance(self, n: int = 1) -> None:
+        phase, total, done = self.phases[-1]
+        self.phases[-1] = (phase, total, done + n)
+
+
 @needs_engines
 @on_llamacpp
 def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from teola.demo.run import run_demo
 
+    phases = Phases()
     result = asyncio.run(
         run_demo(
             questions=2,
@@ -104,15 +119,29 @@ def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, t
             table=f"t_{uuid.uuid4().hex[:8]}",
             paragraphs=load_corpus()[:60],
             llm_replicas=2,  # the two questions go to different llama.cpp instances: same answers
+            progress=phases,
         )
     )
     assert result.equal, (result.plain_answers, result.teola_answers)
     assert all(answer.strip() for answer in result.teola_answers)
     assert result.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    saved = json.loads((tmp_path / "teola-demo-results.json").read_text(encoding="utf-8"))
+    saved = json.loads(result.results.read_text(encoding="utf-8"))
     assert saved["answers_equal"] is True and saved["plain_s"]["total_s"] > 0
+    assert saved["decode_batch"] == result.decode_batch >= 1 and set(saved["decode_step_s"]) == {"1", "2", "3", "4"}
     # the optimized run split the answer prompt's prefill and pipelined the expansion's decode
     assert result.teola_stats["prefills"] > result.plain_stats["prefills"]
+    # every phase named, the runs counted per question, the corpus ingested in full
+    names = [name for name, _, _ in phases.phases]
+    assert names[:3] == [
+        "loading SmolLM2-135M on llama.cpp (one engine per run)",
+        "measuring llama.cpp's decode step with 1 to 4 sequences",
+        "loading MiniLM and starting Postgres + pgvector",
+    ]
+    assert ("ingesting the corpus (60 paragraphs) into pgvector", 60, 60) in phases.phases
+    assert ("plain LangChain: 2 questions at once", 2, 2) in phases.phases
+    assert ("teola.optimize: 2 questions at once", 2, 2) in phases.phases
+    assert names[-1] == "drawing the timeline"
+    assert result.pgdata == str(pgdata)
 
 
 @needs_engines
