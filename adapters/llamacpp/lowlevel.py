@@ -1,22 +1,12 @@
 """A llama.cpp model with one context of several sequences, on llama-cpp-python's low-level API.
 
-`Llama` (the high-level class) runs one sequence. `BatchedLlama` opens the context with
-`n_seq_max` sequences, each in its own KV stream (`kv_unified=False`), and evaluates
+    llm = BatchedLlama(llama_cpp, numpy, path, n_ctx=2048, n_seq=5, chunk=32, n_threads=1)
+    logits = llm.eval(0, tokens, start=0)              # a prompt in canonical chunks
+    rows = llm.step([(0, token, pos), (1, other, pos2)])   # one token for two sequences
 
-- a prompt of one sequence in canonical chunks (`eval`): `chunk`-token batches aligned at
-  absolute positions, the last token of every chunk an output, as `Llama.eval` does on
-  a fresh context;
-- one token for each of several sequences in a single `llama_decode` (`step`).
-
-Why separate streams: each sequence's cells then sit at the positions a one-sequence
-context would give them, and a batched row computes bit for bit what the sequence alone
-computes (measured on SmolLM2-135M Q4_1, 2-8 sequences, with sequences joining and
-leaving: identical logits). In a unified cache the sequences' cells interleave, the
-attention sums group differently, and greedy texts drift (max logit difference ~30).
-
-The context parameters are `Llama`'s (flash attention off, its YaRN defaults), so one
-sequence here computes what `Llama.create_completion` computes with `n_batch = chunk`.
-All methods but `tokenize`/`detokenize` must run on one thread (the engine's worker).
+Each sequence has its own KV stream (`kv_unified=False`), so a batched row computes bit for
+bit what the sequence alone computes; the context parameters are `Llama`'s. Why:
+docs/llamacpp-engine.md. All methods but `tokenize`/`detokenize` must run on one thread.
 """
 
 from __future__ import annotations
