@@ -44,3 +44,12 @@ def test_bad_numbers_are_named_in_one_line(argv, message, capsys: pytest.Capture
 def test_a_bad_rate_list_names_the_option_and_gives_an_example() -> None:
     with pytest.raises(SystemExit, match=r"--rates: 'abc' is not a number \(hint: e.g. --rates 0.5,1,2\)"):
         main(["bench", "--rates", "0.5,abc"])
+
+
+def test_the_demo_without_its_extras_says_which_and_how_to_install(monkeypatch, capsys) -> None:
+    import teola.demo.cli as demo_cli
+
+    monkeypatch.setattr(demo_cli.importlib.util, "find_spec", lambda name: None)
+    assert main(["demo"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("teola demo needs the extras langchain, local, pgvector (hint: pip install -e")

@@ -99,9 +99,9 @@ async def measure_profile(
     return profile
 
 
-async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 4, rounds: int = 5) -> Curve:
-    """Measure one decode step with 1..max_sequences sequences now, on this machine and thread
-    count, and install it as the profile's `decode` curve (what `max_efficient_batch` reads).
+async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: int = 5) -> Curve:
+    """Measure one decode step of 1, 2, 4, … up to max_sequences sequences now, on this machine
+    and thread count, and install it as the profile's `decode` curve (`max_efficient_batch`).
 
     Each round times n sequences right after one sequence, so both see the same load from
     other processes; the curve is the median ratio step(n) / step(1) times the median
@@ -111,7 +111,8 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 4, rounds: in
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
     prompt = engine.tokenize(" ".join(_WORDS * 8))[: engine.chunk]
-    sizes = range(1, engine.max_sequences + 1)
+    top = engine.max_sequences
+    sizes = sorted({top, *(2**k for k in range(top.bit_length()) if 2**k < top)})
 
     def measure() -> tuple[list[float], dict[int, list[float]]]:
         seqs, llm = engine.sequences, engine.llm

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -100,22 +101,31 @@ def demo(args: argparse.Namespace) -> int:
     from teola.demo.run import run_demo
 
     console = Console()
-    with Progress(*progress_columns(), console=console) as bar:
-        phases = _RichProgress(bar)
-        result = asyncio.run(
-            run_demo(
-                questions=args.questions,
-                out=args.out,
-                max_tokens=args.max_tokens,
-                llm_replicas=args.llm_instances,
-                decode_batch=args.decode_batch,
-                progress=phases,
+    # SIGTERM unwinds like Ctrl-C: the engines close and the embedded Postgres stops.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with Progress(*progress_columns(), console=console) as bar:
+            phases = _RichProgress(bar)
+            result = asyncio.run(
+                run_demo(
+                    questions=args.questions,
+                    out=args.out,
+                    max_tokens=args.max_tokens,
+                    llm_replicas=args.llm_instances,
+                    decode_batch=args.decode_batch,
+                    progress=phases,
+                )
             )
-        )
-        phases.start("done")
-        phases.advance()
+            phases.start("done")
+            phases.advance()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     _print_result(console, result)
     return 0 if result.equal else 1
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _print_result(console: Any, result: Any) -> None:

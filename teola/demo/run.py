@@ -157,7 +157,7 @@ async def run_demo(
     engines: list[Any] = []
     closing: list[Any] = []
     try:
-        report.start("loading SmolLM2-135M on llama.cpp (one engine per run)")
+        report.start("loading SmolLM2 on llama.cpp (one per run)")
         plain_engine = LlamaCppEngine(n_threads=llm_threads, on_work=plain_work.append)
         engines.append(plain_engine)
         teola_engine = LlamaCppEngine(n_threads=llm_threads, on_work=teola_work.append)
@@ -169,20 +169,20 @@ async def run_demo(
         teola_llm = ChatSmolLM(engine=teola_engine, max_tokens=max_tokens)
         for engine in engines:
             await _warm(ChatSmolLM(engine=engine, max_tokens=max_tokens))
-        report.start("measuring llama.cpp's decode step with 1 to 4 sequences")
+        report.start("measuring llama.cpp's decode step")
         step_s: dict[int, float] = {}
         if decode_batch is None:
             curve = await calibrate_decode(teola_engine)
             step_s = {int(n): s for n, s in curve.points}
             decode_batch = efficient_decode_batch(teola_engine)
 
-        report.start("loading MiniLM and starting Postgres + pgvector")
+        report.start("loading MiniLM, starting Postgres")
         embedder = SentenceTransformerEmbedder()
         closing.append(embedder)
         store = PgVectorStore(pgdata=pgdata, table=table, hnsw=False)
         closing.append(store)
         where = store.where if store.server is None else str(pgdata or default_pgdata())
-        report.start(f"ingesting the corpus ({len(corpus)} paragraphs) into pgvector", total=len(corpus))
+        report.start("ingesting the corpus into pgvector", total=len(corpus))
         collection, ingested = await ingest(corpus, embedder, store, progress=report.advance)
         if not ingested:
             report.start("corpus already in pgvector: reused", total=1)
@@ -217,8 +217,9 @@ async def run_demo(
         ]
         title = (
             f"teola demo: {questions} questions at once on SmolLM2 (llama.cpp), MiniLM and pgvector\n"
-            f"teola.optimize: {plain_times.total_s / teola_times.total_s:.2f}x faster in total, "
-            f"{plain_times.mean_s / teola_times.mean_s:.2f}x in mean latency"
+            f"speedup with teola.optimize: {plain_times.total_s / teola_times.total_s:.2f}x in total time, "
+            f"{plain_times.mean_s / teola_times.mean_s:.2f}x in mean latency "
+            f"({'answers equal' if plain_answers == teola_answers else 'ANSWERS DIFFER'})"
         )
         timeline = draw(runs, asked, title, out / "teola-demo-timeline.png")
         result = DemoResult(
