@@ -174,3 +174,20 @@ def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain()
     (plain, fast), (plain_stop, fast_stop) = asyncio.run(both())
     assert plain == fast and plain.strip()
     assert plain_stop == fast_stop and "." not in plain_stop
+
+
+def test_teola_steps_the_fewest_decodes_that_reach_most_of_the_best_throughput() -> None:
+    pytest.importorskip("langchain_core")
+    from types import SimpleNamespace
+
+    from teola.demo.native import efficient_decode_batch
+    from teola_core.profiles.profile import Curve, LatencyProfile
+
+    def engine(points):
+        curves = {"decode": Curve(points)} if points else {}
+        return SimpleNamespace(max_sequences=4, profile=LatencyProfile("llm", curves))
+
+    assert efficient_decode_batch(engine(((1, 0.007), (2, 0.018), (4, 0.031)))) == 1  # CPU, one thread: no gain
+    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.011), (4, 0.013)))) == 4  # batching nearly free
+    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.012), (4, 0.030)))) == 2
+    assert efficient_decode_batch(engine(())) == 4  # no decode curve: every running decode
