@@ -103,10 +103,10 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: in
     """Measure one decode step of 1, 2, 4, … up to max_sequences sequences now, on this machine
     and thread count, and install it as the profile's `decode` curve (`max_efficient_batch`).
 
-    Each round times n sequences right after one sequence, so both see the same load from
-    other processes; the curve is the median ratio step(n) / step(1) times the median
-    step(1), which a busy shared machine moves far less than any single time. The engine
-    must be idle (it measures on its own sequences, then empties them).
+    Every step is timed on its own, sizes interleaved round after round, and the fastest
+    step of each size counts: on a shared machine other processes only ever add time to a
+    step (a preempted 7 ms step can take 30), so the minimum is the engine's own cost. The
+    engine must be idle (it measures on its own sequences, then empties them).
     """
     if steps < 1 or rounds < 1:
         raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
@@ -114,40 +114,30 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: in
     top = engine.max_sequences
     sizes = sorted({top, *(2**k for k in range(top.bit_length()) if 2**k < top)})
 
-    def measure() -> tuple[list[float], dict[int, list[float]]]:
+    def measure() -> dict[int, float]:
         seqs, llm = engine.sequences, engine.llm
         if any(slot.busy for slot in seqs.slots):
             raise RuntimeError(f"{engine.name}: calibrate_decode needs an idle engine")
-        slots = seqs.slots[: engine.max_sequences]
+        slots = seqs.slots[:top]
         for slot in slots:
             seqs.empty(slot)
             llm.eval(slot.index, prompt, 0)
-
-        def step_s(n: int) -> float:
-            began = time.perf_counter()
-            for k in range(steps):
-                llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
-            seconds = (time.perf_counter() - began) / steps
-            for slot in slots[:n]:
-                llm.truncate(slot.index, len(prompt))
-            return seconds
-
-        ones: list[float] = []
-        ratios: dict[int, list[float]] = {n: [] for n in sizes}
+        fastest = dict.fromkeys(sizes, float("inf"))
         try:
             for _ in range(rounds):
                 for n in sizes:
-                    one = step_s(1)
-                    ones.append(one)
-                    ratios[n].append(step_s(n) / one)
+                    for k in range(steps):
+                        began = time.perf_counter()
+                        llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
+                        fastest[n] = min(fastest[n], time.perf_counter() - began)
+                    for slot in slots[:n]:
+                        llm.truncate(slot.index, len(prompt))
         finally:
             for slot in slots:
                 seqs.empty(slot)
-        return ones, ratios
+        return fastest
 
-    ones, ratios = await engine.run_task(measure)
-    one = statistics.median(ones)
-    curve = Curve(tuple((n, one * statistics.median(r)) for n, r in ratios.items()))
+    curve = Curve(tuple((await engine.run_task(measure)).items()))
     curves = dict(engine.profile.curves) if engine.profile is not None else {}
     engine.profile = LatencyProfile(engine.name, {**curves, "decode": curve})
     return curve
