@@ -147,12 +147,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot and len(seeds) > 1:
         raise SystemExit("teola bench: --plot draws one arrival sequence; give one seed")
     runs = [(rate, seed) for rate in rates for seed in seeds]
-    what = (
-        f"{args.workload}: {len(systems)} systems x {args.queries} queries "
-        f"({'real engines' if real else f'simulated, time scale {args.time_scale:g}'})"
-    )
+    what = f"{args.workload}, {args.queries} queries a system ({'real' if real else f'x{args.time_scale:g} time'})"
     results = []
-    with working(what if len(runs) == 1 else f"{what}, {len(runs)} runs (rates x seeds)", total=len(runs)) as done:
+    label = what if len(runs) == 1 else f"{what}, {len(runs)} runs"
+    with working(label, total=len(runs) * len(systems)) as done:
         for rate, seed in runs:
             results.append(
                 asyncio.run(
@@ -164,10 +162,10 @@ def run_bench(args: argparse.Namespace) -> int:
                         systems=systems,
                         seed=seed,
                         make_engines=real_engines if real else simulated_engines,
+                        on_system=lambda _: done(1),
                     )
                 )
             )
-            done(1)
     if args.json:
         # The documented one-run object; several seeds also name each run's seed.
         payload = [{**r.to_json(), "seed": r.seed} if len(seeds) > 1 else r.to_json() for r in results]

@@ -173,12 +173,16 @@ async def bench(
     systems: Sequence[str] = tuple(SYSTEMS),
     seed: int = 0,
     make_engines: EngineFactory = simulated_engines,
+    on_system: Callable[[str], None] | None = None,
 ) -> BenchResult:
+    """Every system on the same arrivals; `on_system(name)` after each (a progress display)."""
     arrivals = arrival_times(rate, queries, seed)
     cp = await critical_path(workload, time_scale, make_engines=make_engines)
     result = BenchResult(workload.name, rate, queries, cp, seed)
     for name in systems:
         result.systems[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
+        if on_system is not None:
+            on_system(name)
     reference = next(iter(result.systems.values())).outputs
     for name, r in result.systems.items():
         if r.outputs != reference:
