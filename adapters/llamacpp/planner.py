@@ -1,8 +1,9 @@
 """What the llama.cpp worker does next: one chunk of a prefill, or one decode step (pure).
 
-Work is ranked by `(query, order)`: the query's first appearance at the engine (earliest
-query first, as Teola's topology-aware policy orders queries), then the order it was
-handed in. A decode may step with at most `cap` sequences (its caller's choice: every
+Work is ranked by `(query, class, order)`: the query's first appearance at the engine
+(earliest query first, as Teola's topology-aware policy orders queries), then its class
+(a partial prefill, work that only fills idle time, after the query's other work), then
+the order it was handed in. A decode may step with at most `cap` sequences (its caller's choice: every
 running decode, as llama.cpp's server does, or the profile's max efficient batch).
 
 - The step: the best-ranked decodes, as many as the smallest cap among them allows;
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Rank = tuple[int, int]  # (query's first appearance, order handed in)
+Rank = tuple[int, ...]  # lower first: (query's first appearance, ..., order handed in)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,6 +26,7 @@ from teola_adapters.llamacpp.generation import Generation
 from teola_adapters.llamacpp.planner import Plan, Rank, Work, plan
 from teola_adapters.llamacpp.sequences import Chunks, Sequences, Slot, drain
 from teola_core.engines.protocol import Call
+from teola_core.ir.kinds import PrimitiveKind
 
 _RANKED_QUERIES = 4096  # queries whose rank the worker remembers (the oldest are forgotten)
 
@@ -154,12 +155,14 @@ class Worker:
             self._step([w.item for w in action.step])
 
     def _rank(self, call: Call) -> Rank:
+        """(query's first appearance, class, order): a partial prefill goes after its query's
+        other work (it prepares a later step: the decode the query waits for comes first)."""
         first = self._ranks.get(call.query_id)
         if first is None:
             first = self._ranks[call.query_id] = next(self._order)
             if len(self._ranks) > _RANKED_QUERIES:
                 self._ranks.popitem(last=False)
-        return (first, next(self._order))
+        return (first, int(call.node.kind == PrimitiveKind.PARTIAL_PREFILL), next(self._order))
 
     def _take(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():
