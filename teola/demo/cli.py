@@ -73,14 +73,15 @@ class _RichProgress:
         self._task: Any = None
 
     def start(self, phase: str, total: int | None = None) -> None:
-        self._finish()
+        self.finish()
         self._task = self._progress.add_task(phase, total=total)
 
     def advance(self, n: int = 1) -> None:
         if self._task is not None:
             self._progress.advance(self._task, n)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """The current phase is done."""
         if self._task is not None:
             task = self._progress.tasks[self._task]
             self._progress.update(self._task, total=task.total or 1, completed=task.total or 1)
@@ -116,8 +117,7 @@ def demo(args: argparse.Namespace) -> int:
                     progress=phases,
                 )
             )
-            phases.start("done")
-            phases.advance()
+            phases.finish()
     finally:
         signal.signal(signal.SIGTERM, previous)
     _print_result(console, result)

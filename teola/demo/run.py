@@ -182,8 +182,13 @@ async def run_demo(
         store = PgVectorStore(pgdata=pgdata, table=table, hnsw=False)
         closing.append(store)
         where = store.where if store.server is None else str(pgdata or default_pgdata())
-        report.start("ingesting the corpus into pgvector", total=len(corpus))
-        collection, ingested = await ingest(corpus, embedder, store, progress=report.advance)
+        collection, ingested = await ingest(
+            corpus,
+            embedder,
+            store,
+            progress=report.advance,
+            starting=lambda: report.start("ingesting the corpus into pgvector", total=len(corpus)),
+        )
         if not ingested:
             report.start("corpus already in pgvector: reused", total=1)
             report.advance()

@@ -72,11 +72,15 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
     embedder = SentenceTransformerEmbedder()
     store = PgVectorStore(pgdata=pgdata, table=f"t_{uuid.uuid4().hex[:8]}", hnsw=False)
     seen: list[int] = []
+    starts: list[bool] = []
+
+    def began() -> None:
+        starts.append(True)
 
     async def twice() -> tuple[tuple[str, bool], tuple[str, bool]]:
         try:
-            first = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
-            second = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
+            first = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append, starting=began)
+            second = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append, starting=began)
             return first, second
         finally:
             await embedder.close()
@@ -85,7 +89,7 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
     (name, ingested), (again, ingested_again) = asyncio.run(twice())
     assert (ingested, ingested_again) == (True, False)
     assert name == again == collection_name(corpus)
-    assert seen == [16, 16, 8]  # progress per batch, nothing on the second run
+    assert seen == [16, 16, 8] and starts == [True]  # progress per batch, nothing on the second run
     assert sorted(d.text for d in store.collection(name)) == sorted(p.text for p in corpus)
 
 
