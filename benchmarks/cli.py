@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+from teola.cli_support import DefaultsFormatter, bounded_int, positive_float, working
 from teola_benchmarks.harness import CLOCKS, BenchResult, run_bench, simulated_engines, speedups
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
@@ -26,12 +28,24 @@ LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_que
 LANGGRAPH_EXAMPLES = ("rag", "map_reduce")
 
 
+T = TypeVar("T")
+
+
 def add_bench_command(commands: Any) -> None:
-    p = commands.add_parser("bench", help="compare Teola with today's and the paper's baselines")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag")
-    p.add_argument("--rate", type=float, default=0.5, help="Poisson arrival rate, queries per second")
+    p = commands.add_parser(
+        "bench",
+        help="compare Teola with today's and the paper's baselines",
+        description="Compare Teola with the baselines users run today (async chains on engines that batch "
+        "server-side, prefix caching on) and the paper's (LlamaDist, LlamaDistPC; PO and TO batching), on one "
+        "workload, an example LangChain/LangGraph/LlamaIndex app, or agents. Progress goes to stderr.",
+        formatter_class=DefaultsFormatter,
+    )
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag", help="the paper's workload to run")
+    p.add_argument("--rate", type=positive_float, default=0.5, help="Poisson arrival rate, queries per second")
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
-    p.add_argument("--queries", type=int, default=None, help="queries per system (default 40; 16 with --langchain)")
+    p.add_argument(
+        "--queries", type=bounded_int(1), default=None, help="queries per system (default 40; 16 with --langchain)"
+    )
     p.add_argument(
         "--clock",
         choices=CLOCKS,
@@ -47,7 +61,7 @@ def add_bench_command(commands: Any) -> None:
         "giving it selects the real clock",
     )
     p.add_argument("--systems", type=str, default=",".join(SYSTEMS), help="comma-separated system names")
-    p.add_argument("--seed", type=int, default=0, help="the arrival sequence (and agent job set)")
+    p.add_argument("--seed", type=bounded_int(0), default=0, help="the arrival sequence (and agent job set)")
     p.add_argument(
         "--seeds",
         type=str,
@@ -107,7 +121,7 @@ def add_bench_command(commands: Any) -> None:
     )
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=bounded_int(1),
         default=None,
         help="--langchain/--llamaindex/--langgraph: queries in flight (default 4); "
         "--agents: concurrent agents (default 32; 4 with --engines local-real)",
@@ -199,21 +213,26 @@ def run_workload_bench(args: argparse.Namespace) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
-    rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
-    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    results = [
-        run_bench(
-            workload,
-            clock=clock,
-            time_scale=time_scale,
-            rate=rate,
-            queries=args.queries,
-            systems=systems,
-            seeds=seeds,
-            make_engines=real_engines if real else simulated_engines,
-        )
-        for rate in rates
-    ]
+    rates = _numbers(args.rates, "--rates", positive_float) if args.rates else [args.rate]
+    seeds = _numbers(args.seeds, "--seeds", bounded_int(0)) if args.seeds else [args.seed]
+    what = f"{args.workload}, {args.queries} queries a system, {clock} clock"
+    runs = len(rates) * len(seeds)
+    results = []
+    with working(what if runs == 1 else f"{what}, {runs} runs", total=runs * len(systems)) as done:
+        for rate in rates:
+            results.append(
+                run_bench(
+                    workload,
+                    clock=clock,
+                    time_scale=time_scale,
+                    rate=rate,
+                    queries=args.queries,
+                    systems=systems,
+                    seeds=seeds,
+                    make_engines=real_engines if real else simulated_engines,
+                    on_system=lambda _: done(1),
+                )
+            )
     if args.json:
         payload = [r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload))
@@ -235,7 +254,8 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     from teola_benchmarks.langchain.bench import bench_langchain, overhead_langchain
 
     if args.overhead:
-        overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
+        with working(f"{args.langchain}: invoke overhead on zero-latency fakes"):
+            overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
         if args.json:
             print(json.dumps(overhead.to_json()))
         else:
@@ -247,13 +267,14 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     time_scale = 0.5 if args.time_scale is None else args.time_scale
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency fakes)")
-    result = bench_langchain(
-        args.langchain,
-        queries=args.queries or 16,
-        concurrency=args.concurrency,
-        time_scale=time_scale,
-        batching=args.batching,
-    )
+    with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
+        result = bench_langchain(
+            args.langchain,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+        )
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
@@ -270,13 +291,14 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
     time_scale = 0.5 if args.time_scale is None else args.time_scale
     if time_scale <= 0:
         raise SystemExit("teola bench: --time-scale must be > 0")
-    result = bench_llamaindex(
-        args.llamaindex,
-        queries=args.queries or 16,
-        concurrency=args.concurrency,
-        time_scale=time_scale,
-        batching=args.batching,
-    )
+    with working(f"{args.llamaindex}: LlamaIndex vs teola.optimize on simulated servers"):
+        result = bench_llamaindex(
+            args.llamaindex,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+        )
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
@@ -295,14 +317,15 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --time-scale must be > 0")
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise SystemExit("teola bench: --max-num-seqs must be >= 1")
-    result = bench_langgraph(
-        args.langgraph,
-        queries=args.queries or 16,
-        concurrency=args.concurrency,
-        time_scale=time_scale,
-        batching=args.batching,
-        max_num_seqs=args.max_num_seqs,
-    )
+    with working(f"{args.langgraph}: LangGraph vs teola.optimize on simulated servers"):
+        result = bench_langgraph(
+            args.langgraph,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+            max_num_seqs=args.max_num_seqs,
+        )
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
@@ -334,16 +357,17 @@ def run_agents_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"teola bench: --kv-pool-tokens takes a number of tokens or 'h100', not {text!r}")
         pool_tokens = H100_KV_TOKENS if text == "h100" else int(text)
     try:
-        result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
-            bench_agents(
-                concurrency=concurrency,
-                time_scale=time_scale,
-                seed=args.seed,
-                systems=systems,
-                pool_fraction=POOL_FRACTION if args.kv_pool is None else args.kv_pool,
-                pool_tokens=pool_tokens,
+        with working(f"{concurrency} agents x {len(systems)} systems on a simulated LLM (virtual time)"):
+            result = run_virtual(  # simulated time jumps: exact, repeatable, as fast as the CPU allows
+                bench_agents(
+                    concurrency=concurrency,
+                    time_scale=time_scale,
+                    seed=args.seed,
+                    systems=systems,
+                    pool_fraction=POOL_FRACTION if args.kv_pool is None else args.kv_pool,
+                    pool_tokens=pool_tokens,
+                )
             )
-        )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
@@ -372,11 +396,12 @@ def run_agents_llamacpp_bench(args: argparse.Namespace) -> int:
         else tuple(s.strip() for s in args.systems.split(",") if s.strip())
     )
     try:
-        result = asyncio.run(
-            bench_agents_llamacpp(
-                concurrency=concurrency, seed=args.seed, systems=systems, tool_time_scale=tool_time_scale
+        with working(f"{concurrency} agents x {len(systems)} systems on llama.cpp (real time)"):
+            result = asyncio.run(
+                bench_agents_llamacpp(
+                    concurrency=concurrency, seed=args.seed, systems=systems, tool_time_scale=tool_time_scale
+                )
             )
-        )
     except ValueError as exc:
         raise SystemExit(f"teola bench: {exc}") from exc
     if args.json:
@@ -400,6 +425,14 @@ def run_agents_llamacpp_bench(args: argparse.Namespace) -> int:
             print(f"teola bench: {name} answered differently than {systems[0]}: {where}", file=sys.stderr)
         return 1
     return 0
+
+
+def _numbers(text: str, option: str, parse: Callable[[str], T]) -> list[T]:
+    """A comma-separated list of `parse`d values; a bad one exits with one line naming it."""
+    try:
+        return [parse(part.strip()) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"teola bench: {option}: {exc} (hint: e.g. {option} 0.5,1,2)") from None
 
 
 def _agents_table(title: str, columns: dict[str, str], systems: dict[str, dict[str, Any]]) -> Table:

@@ -292,8 +292,10 @@ async def bench(
     seeds: Sequence[int] = (0,),
     clock: str = "virtual",
     make_engines: EngineFactory = simulated_engines,
+    on_system: Callable[[str], None] | None = None,
 ) -> BenchResult:
-    """Every system on every seed's arrivals, on the running loop (`clock` only labels it)."""
+    """Every system on every seed's arrivals, on the running loop (`clock` only labels it);
+    `on_system(name)` after each system's run (a progress display)."""
     cp, busiest = await critical_path(workload, time_scale, make_engines=make_engines)
     result = BenchResult(workload.name, rate, queries, cp, clock, busiest=busiest)
     for seed in seeds:
@@ -301,6 +303,8 @@ async def bench(
         runs = result.runs[seed] = {}
         for name in systems:
             runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
+            if on_system is not None:
+                on_system(name)
         reference = runs[systems[0]].outputs
         for name, r in runs.items():
             if r.outputs != reference:

@@ -16,25 +16,36 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from teola.cli_support import DefaultsFormatter, bounded_int, working
+
 ENGINES = ("llamacpp", "embeddings", "rerank", "pgvector", "vllm")
 
 
 def add_profile_command(commands: Any) -> None:
-    p = commands.add_parser("profile", help="measure a real engine's latency profile on this machine")
-    p.add_argument("engine", choices=ENGINES)
+    p = commands.add_parser(
+        "profile",
+        help="measure a real engine's latency profile on this machine",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=DefaultsFormatter,
+    )
+    p.add_argument("engine", choices=ENGINES, help="the engine to measure")
     p.add_argument("--out", type=Path, default=None, help="where to write it (default: teola-profiles/ENGINE.json)")
-    p.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is kept)")
-    p.add_argument("--url", default=None, help="vllm: the server's base URL")
-    p.add_argument("--model", default=None, help="vllm: the served model name")
+    p.add_argument("--repeats", type=bounded_int(1), default=3, help="measurements per point (the median is kept)")
+    p.add_argument("--url", default=None, help="vllm: the server's base URL (required for vllm)")
+    p.add_argument("--model", default=None, help="vllm: the served model name (required for vllm)")
     p.set_defaults(handler=run_profile)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     out: Path = args.out or Path("teola-profiles") / f"{args.engine}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.engine == "vllm" and not (args.url and args.model):
-        raise SystemExit("teola profile vllm: --url and --model are required")
-    profile = asyncio.run(_measure(args.engine, args.repeats, out, args.url, args.model))
+        raise SystemExit(
+            "teola profile vllm: --url and --model are required "
+            "(hint: teola profile vllm --url http://127.0.0.1:8000 --model my-model)"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with working(f"measuring {args.engine} on this machine ({args.repeats} repeats a point)"):
+        profile = asyncio.run(_measure(args.engine, args.repeats, out, args.url, args.model))
     for op, curve in profile.curves.items():
         points = ", ".join(f"{x:g}: {s * 1000:.1f} ms" for x, s in curve.points)
         print(f"{args.engine} {op}: {points} (max efficient batch {curve.max_efficient()})")

@@ -1,22 +1,12 @@
 """A llama.cpp model with one context of several sequences, on llama-cpp-python's low-level API.
 
-`Llama` (the high-level class) runs one sequence. `BatchedLlama` opens the context with
-`n_seq_max` sequences, each in its own KV stream (`kv_unified=False`), and evaluates
+    llm = BatchedLlama(llama_cpp, numpy, path, n_ctx=2048, n_seq=5, chunk=32, n_threads=1)
+    logits = llm.eval(0, tokens, start=0)              # a prompt in canonical chunks
+    rows = llm.step([(0, token, pos), (1, other, pos2)])   # one token for two sequences
 
-- a prompt of one sequence in canonical chunks (`eval`): `chunk`-token batches aligned at
-  absolute positions, the last token of every chunk an output, as `Llama.eval` does on
-  a fresh context;
-- one token for each of several sequences in a single `llama_decode` (`step`).
-
-Why separate streams: each sequence's cells then sit at the positions a one-sequence
-context would give them, and a batched row computes bit for bit what the sequence alone
-computes (measured on SmolLM2-135M Q4_1, 2-8 sequences, with sequences joining and
-leaving: identical logits). In a unified cache the sequences' cells interleave, the
-attention sums group differently, and greedy texts drift (max logit difference ~30).
-
-The context parameters are `Llama`'s (flash attention off, its YaRN defaults), so one
-sequence here computes what `Llama.create_completion` computes with `n_batch = chunk`.
-All methods but `tokenize`/`detokenize` must run on one thread (the engine's worker).
+Each sequence has its own KV stream (`kv_unified=False`), so a batched row computes bit for
+bit what the sequence alone computes; the context parameters are `Llama`'s. Why:
+docs/llamacpp-engine.md. All methods but `tokenize`/`detokenize` must run on one thread.
 """
 
 from __future__ import annotations
@@ -26,6 +16,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from teola_adapters.llamacpp.loading import load_model
 
 _LOGGER = "llama-cpp-python"  # llama-cpp-python prints llama.cpp's log through this logger
 _backend_ready = False
@@ -43,18 +35,18 @@ class BatchedLlama:
         self._lib, self._np = lib, np
         logger = logging.getLogger(_LOGGER)
         if logger.level == logging.NOTSET:
-            logger.setLevel(logging.ERROR)  # what `Llama(verbose=False)` does
+            logger.setLevel(logging.ERROR)  # what the high-level class does with verbose=False
         if not _backend_ready:
             lib.llama_backend_init()
             _backend_ready = True
-        mparams = lib.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(path).encode("utf-8"), mparams)
+        self.model = load_model(lib, path)
         if not self.model:
             raise LlamaCallError(f"llama.cpp could not load the model {path}")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.bos = int(lib.llama_vocab_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self.n_ctx = n_ctx
         self.n_seq = n_seq
         self.chunk = chunk
@@ -100,6 +92,10 @@ class BatchedLlama:
         return out
 
     def piece(self, token: int) -> bytes:
+        """The token's text (remembered: the vocabulary never changes)."""
+        known = self._pieces.get(token)
+        if known is not None:
+            return known
         self._check_open()
         lib = self._lib
         buf = ctypes.create_string_buffer(64)
@@ -107,10 +103,14 @@ class BatchedLlama:
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        return bytes(buf.raw[:n])
+        piece = self._pieces[token] = bytes(buf.raw[:n])
+        return piece
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+        known = self._eog.get(token)
+        if known is None:
+            known = self._eog[token] = bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+        return known
 
     # -- evaluation (the worker thread) ---------------------------------------------------
     def eval(self, seq: int, tokens: Sequence[int], start: int) -> Any:
@@ -122,17 +122,30 @@ class BatchedLlama:
             raise ValueError(f"nothing to evaluate: {len(tokens)} tokens from {start}")
         last = 0
         for begin in range(start, len(tokens), self.chunk):
-            piece = tokens[begin : begin + self.chunk]
-            self._fill([(t, begin + i, seq, i == len(piece) - 1) for i, t in enumerate(piece)])
-            self._decode()
-            last = len(piece) - 1
+            last = self.eval_chunk(seq, tokens, begin)
         return self.logits(last)
 
+    def eval_chunk(self, seq: int, tokens: Sequence[int], begin: int) -> int:
+        """Evaluate the canonical chunk of `tokens` that starts at `begin`; the row of its last token."""
+        piece = tokens[begin : begin + self.chunk]
+        self._fill([(t, begin + i, seq, i == len(piece) - 1) for i, t in enumerate(piece)])
+        self._decode()
+        return len(piece) - 1
+
     def step(self, rows: Sequence[tuple[int, int, int]]) -> list[Any]:
-        """One `llama_decode` of (sequence, token, position) rows; each row's logits (copies)."""
+        """One `llama_decode` of (sequence, token, position) rows; each row's logits (copies).
+
+        Two foreign calls a step (each releases and retakes the GIL, which costs most when
+        other threads run Python): the decode, and one read of every row's logits.
+        """
         self._fill([(token, pos, seq, True) for seq, token, pos in rows])
         self._decode()
-        return [self.logits(i) for i in range(len(rows))]
+        every = self._lib.llama_get_logits(self.ctx)
+        return list(self._np.ctypeslib.as_array(every, shape=(len(rows), self.n_vocab)).copy())
+
+    def argmax(self, logits: Any) -> int:
+        """The greedy choice: the first token of the highest logit."""
+        return int(self._np.argmax(logits))
 
     def logits(self, i: int) -> Any:
         row = self._lib.llama_get_logits_ith(self.ctx, i)

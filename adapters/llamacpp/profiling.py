@@ -1,5 +1,8 @@
 """Measure a llama.cpp engine's latency profile: `prefill` over tokens, `decode` over sequences.
 
+    profile = await measure_profile(llm, save_to="llamacpp.json")   # both curves, through calls (~1 min)
+    curve = await calibrate_decode(llm)                              # the decode curve only, ~2 s
+
 prefill(n): seconds for one PREFILL of a fresh n-token prompt (nothing reused), state save
 included — what the scheduler pays for it. decode(n): seconds of one decode step with n
 sequences. The engine batches the n decodes of one `run` (one `llama_decode` a step), so
@@ -94,3 +97,47 @@ async def measure_profile(
         profile.save(save_to)
     engine.profile = profile
     return profile
+
+
+async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: int = 5) -> Curve:
+    """Measure one decode step of 1, 2, 4, … up to max_sequences sequences now, on this machine
+    and thread count, and install it as the profile's `decode` curve (`max_efficient_batch`).
+
+    Every step is timed on its own, sizes interleaved round after round, and the fastest
+    step of each size counts: on a shared machine other processes only ever add time to a
+    step (a preempted 7 ms step can take 30), so the minimum is the engine's own cost. The
+    engine must be idle (it measures on its own sequences, then empties them).
+    """
+    if steps < 1 or rounds < 1:
+        raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
+    prompt = engine.tokenize(" ".join(_WORDS * 8))[: engine.chunk]
+    top = engine.max_sequences
+    sizes = sorted({top, *(2**k for k in range(top.bit_length()) if 2**k < top)})
+
+    def measure() -> dict[int, float]:
+        seqs, llm = engine.sequences, engine.llm
+        if any(slot.busy for slot in seqs.slots):
+            raise RuntimeError(f"{engine.name}: calibrate_decode needs an idle engine")
+        slots = seqs.slots[:top]
+        for slot in slots:
+            seqs.empty(slot)
+            llm.eval(slot.index, prompt, 0)
+        fastest = dict.fromkeys(sizes, float("inf"))
+        try:
+            for _ in range(rounds):
+                for n in sizes:
+                    for k in range(steps):
+                        began = time.perf_counter()
+                        llm.step([(slot.index, prompt[-1], len(prompt) + k) for slot in slots[:n]])
+                        fastest[n] = min(fastest[n], time.perf_counter() - began)
+                    for slot in slots[:n]:
+                        llm.truncate(slot.index, len(prompt))
+        finally:
+            for slot in slots:
+                seqs.empty(slot)
+        return fastest
+
+    curve = Curve(tuple((await engine.run_task(measure)).items()))
+    curves = dict(engine.profile.curves) if engine.profile is not None else {}
+    engine.profile = LatencyProfile(engine.name, {**curves, "decode": curve})
+    return curve

@@ -1,7 +1,6 @@
-"""`teola demo`: ingest the bundled Python-docs corpus into the embedded Postgres + pgvector,
-run a multi-query RAG chain written in plain LangChain (SmolLM2 on llama.cpp, MiniLM)
-for a few concurrent questions, plain and through teola.optimize, and print the answers,
-both latencies, the speedup and where the timeline picture is.
+"""`teola demo`: multi-query RAG over the bundled stdlib corpus on the embedded engines (SmolLM2
+on llama.cpp, MiniLM, Postgres + pgvector), plain LangChain vs teola.optimize, 4 questions at
+once; prints the answers, both latencies, the speedups and where it wrote its files.
 
 (Registered by `teola.cli`; the engines are imported only when it runs.)
 """
@@ -12,9 +11,11 @@ import argparse
 import asyncio
 import importlib.util
 import os
-import sys
+import signal
 from pathlib import Path
 from typing import Any
+
+from teola.cli_support import DefaultsFormatter, bounded_int, fail, progress_columns
 
 _NEEDS = (
     ("langchain_core", "langchain"),
@@ -34,58 +35,100 @@ def add_demo_command(commands: Any) -> None:
     """Register `teola demo` on the `teola` command's subparsers."""
     parser = commands.add_parser(
         "demo",
-        help="multi-query RAG over the bundled stdlib corpus on the embedded engines, plain vs teola.optimize",
+        help="multi-query RAG on the embedded engines, plain LangChain vs teola.optimize",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=DefaultsFormatter,
     )
-    parser.add_argument("--questions", type=int, default=4, help="questions asked at once (1-8, default 4)")
-    parser.add_argument("--out", type=Path, default=Path("teola-demo"), help="where the timeline and results go")
-    parser.add_argument("--max-tokens", type=int, default=96, help="most tokens the model writes per call")
+    parser.add_argument(
+        "--questions", type=bounded_int(1, 8), default=4, help="questions asked at once (1-8) of the bundled eight"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("teola-demo"), help="folder for the timeline PNG and the results JSON"
+    )
+    parser.add_argument(
+        "--max-tokens", type=bounded_int(1, 1024), default=96, help="most tokens the model writes per call"
+    )
     parser.add_argument(
         "--llm-instances",
-        type=int,
+        type=bounded_int(1, 8),
         default=1,
-        help="llama.cpp instances (1 thread each) teola.optimize spreads queries over (plain LangChain's model: 1)",
+        help="llama.cpp instances (1 thread each) teola.optimize spreads questions over; "
+        "plain LangChain's model is always one",
+    )
+    parser.add_argument(
+        "--decode-batch",
+        type=bounded_int(1, 4),
+        default=None,
+        help="decodes teola.optimize lets llama.cpp step together (default: the max efficient batch "
+        "of the decode step, measured at start)",
     )
     parser.set_defaults(handler=demo)
 
 
+class _RichProgress:
+    """The demo's phases as rich progress rows: each phase a row, done when the next begins."""
+
+    def __init__(self, progress: Any) -> None:
+        self._progress = progress
+        self._task: Any = None
+
+    def start(self, phase: str, total: int | None = None) -> None:
+        self.finish()
+        self._task = self._progress.add_task(phase, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def finish(self) -> None:
+        """The current phase is done."""
+        if self._task is not None:
+            task = self._progress.tasks[self._task]
+            self._progress.update(self._task, total=task.total or 1, completed=task.total or 1)
+
+
 def demo(args: argparse.Namespace) -> int:
-    """Run the demo and print answers, latencies, speedup and the timeline's path."""
+    """Run the demo and print answers, latencies, speedups and where its files are."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local files; never reach for a hub
     missing = sorted({extra for module, extra in _NEEDS if importlib.util.find_spec(module) is None})
     if missing:
-        print(
-            f"teola demo needs the extras {missing}: pip install 'teola[{','.join(missing)}]' "
-            "(and see .ci/install-engines.sh for the embedded engines on a CPU machine)",
-            file=sys.stderr,
+        return fail(
+            f"teola demo needs the extras {', '.join(missing)}",
+            f'pip install -e ".[{",".join(missing)}]" from the clone (bash .ci/install-engines.sh on a CPU machine)',
         )
-        return 2
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from teola.demo.run import run_demo
 
     console = Console()
-    with Progress(
-        TextColumn("ingesting the corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as bar:
-        task = bar.add_task("ingest", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        console.print("loading MiniLM, the embedded Postgres and SmolLM2 (llama.cpp) ...")
-        result = asyncio.run(
-            run_demo(
-                questions=args.questions,
-                out=args.out,
-                max_tokens=args.max_tokens,
-                llm_replicas=args.llm_instances,
-                progress=progress,
+    # SIGTERM unwinds like Ctrl-C: the engines close and the embedded Postgres stops.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with Progress(*progress_columns(), console=console) as bar:
+            phases = _RichProgress(bar)
+            result = asyncio.run(
+                run_demo(
+                    questions=args.questions,
+                    out=args.out,
+                    max_tokens=args.max_tokens,
+                    llm_replicas=args.llm_instances,
+                    decode_batch=args.decode_batch,
+                    progress=phases,
+                )
             )
-        )
-    if not result.ingested:
-        console.print(f"corpus already ingested (collection {result.collection}): reused")
+            phases.finish()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _print_result(console, result)
+    return 0 if result.equal else 1
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _print_result(console: Any, result: Any) -> None:
     for n, (question, plain, fast) in enumerate(
         zip(result.questions, result.plain_answers, result.teola_answers, strict=True), 1
     ):
@@ -95,14 +138,25 @@ def demo(args: argparse.Namespace) -> int:
             console.print("[red]teola.optimize answered differently:[/red]")
             console.print(fast.strip(), markup=False)
     p, t = result.plain, result.teola
-    console.print(
-        f"\nanswers equal (plain vs optimized): {'yes' if result.equal else '[red]NO[/red]'}\n"
-        f"plain LangChain: {p.total_s:.2f} s for {len(result.questions)} concurrent questions "
-        f"(mean latency {p.mean_s:.2f} s)\n"
-        f"teola.optimize:  {t.total_s:.2f} s (mean latency {t.mean_s:.2f} s)\n"
-        f"(llama.cpp: plain LangChain's model is 1 instance, teola.optimize used {result.llm_replicas}; "
-        f"{result.llm_threads} thread each)\n"
-        f"speedup: {result.speedup:.2f}x (total), {p.mean_s / t.mean_s:.2f}x (mean latency)\n"
-        f"timeline: {result.timeline.resolve()}"
-    )
-    return 0 if result.equal else 1
+    ps, ts = result.plain_stats, result.teola_stats
+    steps = "one at a time" if result.decode_batch == 1 else f"up to {result.decode_batch} at once"
+    measured = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in result.decode_step_s.items())
+    lines = [
+        "",
+        f"answers equal (plain vs optimized): {'yes' if result.equal else 'NO'}",
+        f"speedup: {result.speedup:.2f}x (total), {result.latency_speedup:.2f}x (mean latency)",
+        f"plain LangChain: {p.total_s:.2f} s for {len(result.questions)} questions at once "
+        f"(mean latency {p.mean_s:.2f} s)",
+        f"teola.optimize:  {t.total_s:.2f} s (mean latency {t.mean_s:.2f} s)",
+        f"llama.cpp work, plain / teola.optimize: prompt tokens computed {ps['computed_tokens']} / "
+        f"{ts['computed_tokens']} (reused {ps['reused_tokens']} / {ts['reused_tokens']}), "
+        f"tokens written {ps['decode_tokens']} / {ts['decode_tokens']} in {ps['decode_steps']} / "
+        f"{ts['decode_steps']} decode steps",
+        f"teola.optimize stepped decodes {steps}, earliest question first"
+        + (f" (decode step by sequences, measured at start: {measured})" if measured else ""),
+        f"llama.cpp: {result.llm_threads} thread per engine; teola.optimize used {result.llm_replicas} "
+        "instance(s), plain LangChain's model 1",
+        f"wrote {result.timeline} and {result.results}",
+        f"Postgres data: {result.pgdata} (kept for the next run; the server stops when the demo exits)",
+    ]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)

@@ -54,17 +54,21 @@ async def ingest(
     *,
     batch_size: int = 32,
     progress: Callable[[int], None] | None = None,
+    starting: Callable[[], None] | None = None,
 ) -> tuple[str, bool]:
     """Embed and write the corpus unless the collection already holds it; (collection, ingested now).
 
     embedder: a `SentenceTransformerEmbedder`; store: a `PgVectorStore`. Each batch is one
     EMBED and one INGEST call (its own transaction): an interrupted run leaves a partial
     collection, which the next run completes (rows are keyed by text, writes are upserts).
-    progress(n) is called after each batch with the paragraphs written.
+    starting() is called once writing begins (not when the collection is complete), and
+    progress(n) after each batch with the paragraphs written.
     """
     name = collection_name(paragraphs)
     if len(store.collection(name)) == len({p.text for p in paragraphs}):
         return name, False
+    if starting is not None:
+        starting()
     embed = _node(PrimitiveKind.EMBED, embedder.name, input_type="document")
     write = _node(PrimitiveKind.INGEST, store.name, collection=name)
     for start in range(0, len(paragraphs), batch_size):

@@ -1,45 +1,51 @@
 """`teola demo`: the multi-query RAG chain on the embedded engines, plain and through Teola.
 
-What it does, in order: load the bundled corpus; ingest it (MiniLM into the embedded
-Postgres + pgvector, skipped when the collection already holds it); run the chain plain
-(concurrent `ainvoke`, one per question) and optimized (`optimize_native`, the same);
-check the answers are equal (greedy decoding); print both latencies and the speedup;
-draw the optimized run's per-primitive timeline.
+    result = asyncio.run(run_demo(questions=4, out=Path("teola-demo"), progress=my_progress))
+    result.equal, result.speedup, result.timeline
 
-Both runs get their own, freshly loaded `LlamaCppEngine` (so neither inherits the
-other's prefix states) and share the embedder and the database, warmed up first.
-
-Threads: torch runs MiniLM on one thread here. Measured on 2 cores: once torch has run
-with 2 threads in the process, llama.cpp decodes at about 30 instead of 100 tokens/s
-for the rest of the process (the two OpenMP thread pools fight over the cores), in the
-plain and in the optimized run alike; setting torch back to 1 thread afterwards does not
-undo it. One torch thread costs MiniLM little (short texts) and keeps llama.cpp at full
-speed while embeddings and decodes overlap.
-
-llama.cpp runs on one thread per engine by default. With 2 threads on 2 cores its
-per-token barrier spins, so any other busy thread — a second llama.cpp context, torch,
-Postgres, another process — collapses its decode (measured: 100 tokens/s alone, about
-30 after a second engine ran, 4 with another process busy); with one thread it decodes
-steadily and leaves a core for embedding and search, which is the core Teola's overlap
-of retrieval with decoding can use. Plain and optimized runs use the same setting.
+In order: load SmolLM2 on llama.cpp twice (one engine per run, so neither inherits the
+other's prefix states), warm both and measure the decode step (any native crash happens
+before Postgres starts); load MiniLM and the embedded Postgres; ingest the corpus (or reuse
+it); run the chain plain (concurrent `ainvoke`, one per question), then optimized; check
+the answers are equal (greedy decoding); write the timeline picture and a JSON of results.
+Why one thread per engine: docs/demo.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from teola.demo.chain import QUESTIONS, build_chain
 from teola.demo.corpus import Paragraph, ingest, load_corpus
-from teola_core.runtime.timeline import SpanRecorder, plot_timeline
+from teola.demo.timeline import Run, call_bars, draw, llama_bars
 
 RETRIEVE_K = 2  # paragraphs per expanded query
 EXPECTED_QUERIES = 3  # what the expansion prompt asks for (a planning hint for decode pipelining)
+
+
+class Progress(Protocol):
+    """What the demo reports while it runs: phases, and progress within one."""
+
+    def start(self, phase: str, total: int | None = None) -> None:
+        """A phase begins (the one before is done); `total`: its steps, if counted."""
+
+    def advance(self, n: int = 1) -> None:
+        """n more steps of the current phase are done."""
+
+
+class _Silent:
+    def start(self, phase: str, total: int | None = None) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
 
 
 @dataclass
@@ -64,8 +70,12 @@ class DemoResult:
     collection: str
     ingested: bool
     timeline: Path
+    results: Path
+    pgdata: str  # the embedded Postgres data directory (or the DATABASE_URL server, redacted)
     plain_stats: dict[str, Any]
     teola_stats: dict[str, Any]
+    decode_batch: int  # decodes teola.optimize let llama.cpp step together
+    decode_step_s: dict[int, float] = field(default_factory=dict)  # measured step seconds by sequences
     llm_threads: int = 1
     llm_replicas: int = 1
 
@@ -77,17 +87,22 @@ class DemoResult:
     def speedup(self) -> float:
         return self.plain.total_s / self.teola.total_s
 
+    @property
+    def latency_speedup(self) -> float:
+        return self.plain.mean_s / self.teola.mean_s
 
-async def _timed(calls: Sequence[Callable[[], Any]]) -> tuple[list[Any], RunTimes]:
-    """Start every call at once; their results and latencies."""
+
+async def _timed(calls: Sequence[Callable[[], Any]], done: Callable[[], None]) -> tuple[list[Any], RunTimes, float]:
+    """Start every call at once; their results, latencies and the start (`time.perf_counter`)."""
     began = time.perf_counter()
 
     async def one(call: Callable[[], Any]) -> tuple[Any, float]:
         result = await call()
+        done()
         return result, time.perf_counter() - began
 
-    done = await asyncio.gather(*(one(c) for c in calls))
-    return [r for r, _ in done], RunTimes(time.perf_counter() - began, [t for _, t in done])
+    results = await asyncio.gather(*(one(c) for c in calls))
+    return [r for r, _ in results], RunTimes(time.perf_counter() - began, [t for _, t in results]), began
 
 
 async def _warm(llm: Any) -> None:
@@ -105,108 +120,145 @@ async def run_demo(
     torch_threads: int | None = 1,
     llm_threads: int = 1,
     llm_replicas: int = 1,
+    decode_batch: int | None = None,
     paragraphs: list[Paragraph] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> DemoResult:
-    """Run the demo (see the module docstring); `progress(done, total)` reports ingestion.
+    """Run the demo (see the module docstring).
 
     torch_threads: torch's thread count while the demo runs (restored after; None: leave it).
-    llm_threads: llama.cpp's threads per engine (see the module docstring).
-    llm_replicas: llama.cpp instances the optimized run spreads queries over (the plain
-      chain's model object has one; see `teola_langchain.native.NativeRunnable`).
+    llm_threads: llama.cpp's threads per engine.
+    llm_replicas: llama.cpp instances the optimized run spreads queries over (plain: one).
+    decode_batch: decodes teola.optimize lets llama.cpp step together (default: the max
+      efficient batch of the decode step measured at load).
     paragraphs: the corpus to ingest (default: the bundled one).
     """
     import torch
 
+    from teola.demo.components import ChatSmolLM, MiniLMEmbeddings, PgVectorCollection
+    from teola.demo.native import efficient_decode_batch, optimize_native
     from teola_adapters.embeddings import SentenceTransformerEmbedder
-    from teola_adapters.llamacpp import LlamaCppEngine
-    from teola_adapters.pgvector import PgVectorStore
-    from teola_langchain.native import ChatSmolLM, MiniLMEmbeddings, PgVectorCollection, optimize_native
+    from teola_adapters.llamacpp import LlamaCppEngine, calibrate_decode
+    from teola_adapters.pgvector import PgVectorStore, default_pgdata
 
     if llm_replicas < 1:
         raise ValueError(f"llm_replicas must be >= 1, got {llm_replicas}")
     if not 1 <= questions <= len(QUESTIONS):
-        raise ValueError(f"--questions must be between 1 and {len(QUESTIONS)}, got {questions}")
+        raise ValueError(f"questions must be between 1 and {len(QUESTIONS)}, got {questions}")
+    report = progress if progress is not None else _Silent()
     corpus = paragraphs if paragraphs is not None else load_corpus()
+    asked = list(QUESTIONS[:questions])
     previous_threads = torch.get_num_threads()
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
-    embedder = SentenceTransformerEmbedder()
-    store = PgVectorStore(pgdata=pgdata, table=table, hnsw=False)
+    plain_work: list[Any] = []
+    teola_work: list[Any] = []
+    calls: list[tuple[str, float, float]] = []  # embeddings and searches of both runs
     engines: list[Any] = []
+    closing: list[Any] = []
     try:
-        written = 0
-
-        def advance(n: int) -> None:
-            nonlocal written
-            written += n
-            if progress is not None:
-                progress(written, len(corpus))
-
-        collection, ingested = await ingest(corpus, embedder, store, progress=advance)
-        embeddings = MiniLMEmbeddings(embedder)
-        retriever = PgVectorCollection(store, collection, embeddings).as_retriever(search_kwargs={"k": RETRIEVE_K})
-        await retriever.ainvoke("warm-up")  # the embedder's threads and a database connection
-        asked = list(QUESTIONS[:questions])
-        inputs = [{"question": q} for q in asked]
-
-        plain_engine, teola_engine = LlamaCppEngine(n_threads=llm_threads), LlamaCppEngine(n_threads=llm_threads)
-        engines += [plain_engine, teola_engine]
+        report.start("loading SmolLM2 on llama.cpp (one per run)")
+        plain_engine = LlamaCppEngine(n_threads=llm_threads, on_work=plain_work.append)
+        engines.append(plain_engine)
+        teola_engine = LlamaCppEngine(n_threads=llm_threads, on_work=teola_work.append)
+        engines.append(teola_engine)
+        for _ in range(llm_replicas - 1):
+            engines.append(LlamaCppEngine(n_threads=llm_threads, on_work=teola_work.append))
+        replicas = engines[2:]
         plain_llm = ChatSmolLM(engine=plain_engine, max_tokens=max_tokens)
         teola_llm = ChatSmolLM(engine=teola_engine, max_tokens=max_tokens)
-        replicas = [LlamaCppEngine(n_threads=llm_threads) for _ in range(llm_replicas - 1)]
-        engines += replicas
-        await _warm(plain_llm)
-        for engine in (teola_engine, *replicas):
+        for engine in engines:
             await _warm(ChatSmolLM(engine=engine, max_tokens=max_tokens))
+        report.start("measuring llama.cpp's decode step")
+        step_s: dict[int, float] = {}
+        if decode_batch is None:
+            curve = await calibrate_decode(teola_engine)
+            step_s = {int(n): s for n, s in curve.points}
+            decode_batch = efficient_decode_batch(teola_engine)
 
+        report.start("loading MiniLM, starting Postgres")
+        embedder = SentenceTransformerEmbedder()
+        closing.append(embedder)
+        store = PgVectorStore(pgdata=pgdata, table=table, hnsw=False)
+        closing.append(store)
+        where = store.where if store.server is None else str(pgdata or default_pgdata())
+        collection, ingested = await ingest(
+            corpus,
+            embedder,
+            store,
+            progress=report.advance,
+            starting=lambda: report.start("ingesting the corpus into pgvector", total=len(corpus)),
+        )
+        if not ingested:
+            report.start("corpus already in pgvector: reused", total=1)
+            report.advance()
+        embeddings = MiniLMEmbeddings(embedder, on_call=lambda *c: calls.append(c))
+        vectors = PgVectorCollection(store, collection, embeddings, on_call=lambda *c: calls.append(c))
+        retriever = vectors.as_retriever(search_kwargs={"k": RETRIEVE_K})
+        await retriever.ainvoke("warm-up")  # the embedder's threads and a database connection
+        inputs = [{"question": q} for q in asked]
+
+        report.start(f"plain LangChain: {questions} questions at once", total=questions)
         plain_chain = build_chain(plain_llm, retriever)
-        plain_answers, plain_times = await _timed([lambda i=i: plain_chain.ainvoke(i) for i in inputs])
-
-        recorder = SpanRecorder()
+        plain_answers, plain_times, plain_began = await _timed(
+            [lambda i=i: plain_chain.ainvoke(i) for i in inputs], report.advance
+        )
+        report.start(f"teola.optimize: {questions} questions at once", total=questions)
         fast = optimize_native(
             build_chain(teola_llm, retriever),
-            hooks=[recorder],
             replicas=replicas,
+            decode_batch=decode_batch,
             expected_items=EXPECTED_QUERIES,
             warn=False,
         )
-        teola_answers, teola_times = await _timed([lambda i=i: fast.ainvoke(i) for i in inputs])
+        teola_answers, teola_times, teola_began = await _timed(
+            [lambda i=i: fast.ainvoke(i) for i in inputs], report.advance
+        )
 
-        roots: dict[str, float] = {}
-        for span in recorder.spans:
-            root = span.query_id.split("/")[0]
-            roots[root] = min(roots.get(root, span.ready_at), span.ready_at)
-        labels = {q: f"Q{n + 1}: {asked[n][:40]}" for n, q in enumerate(sorted(roots, key=roots.__getitem__))}
-        timeline = plot_timeline(
-            recorder.spans,
-            labels,
-            out / "teola-demo-timeline.png",
-            f"teola demo: {questions} questions through teola.optimize ({teola_times.total_s:.2f} s; "
-            f"plain LangChain {plain_times.total_s:.2f} s)",
+        report.start("drawing the timeline")
+        runs = [
+            _run("plain LangChain", plain_work, calls, plain_began, plain_times, asked),
+            _run("teola.optimize", teola_work, calls, teola_began, teola_times, asked),
+        ]
+        title = (
+            f"teola demo: {questions} questions at once on SmolLM2 (llama.cpp), MiniLM and pgvector\n"
+            f"speedup with teola.optimize: {plain_times.total_s / teola_times.total_s:.2f}x in total time, "
+            f"{plain_times.mean_s / teola_times.mean_s:.2f}x in mean latency "
+            f"({'answers equal' if plain_answers == teola_answers else 'ANSWERS DIFFER'})"
         )
+        timeline = draw(runs, asked, title, out / "teola-demo-timeline.png")
         result = DemoResult(
-            asked,
-            plain_answers,
-            teola_answers,
-            plain_times,
-            teola_times,
-            collection,
-            ingested,
-            timeline,
-            asdict(plain_engine.stats),
-            _summed([asdict(e.stats) for e in (teola_engine, *replicas)]),
-            llm_threads,
-            llm_replicas,
+            questions=asked,
+            plain_answers=plain_answers,
+            teola_answers=teola_answers,
+            plain=plain_times,
+            teola=teola_times,
+            collection=collection,
+            ingested=ingested,
+            timeline=timeline,
+            results=out / "teola-demo-results.json",
+            pgdata=where,
+            plain_stats=asdict(plain_engine.stats),
+            teola_stats=_summed([asdict(e.stats) for e in engines[1:]]),
+            decode_batch=decode_batch,
+            decode_step_s=step_s,
+            llm_threads=llm_threads,
+            llm_replicas=llm_replicas,
         )
-        _write_results(result, out / "teola-demo-results.json")
+        _write_results(result)
         return result
     finally:
         for engine in engines:
             await engine.close()
-        await embedder.close()
-        await store.close()
+        for resource in closing:
+            await resource.close()
         torch.set_num_threads(previous_threads)
+
+
+def _run(label: str, work: list[Any], calls: list[Any], began: float, times: RunTimes, asked: list[str]) -> Run:
+    end = began + times.total_s
+    bars = llama_bars(work, began, asked) + call_bars(calls, began, end)
+    return Run(label, bars, times.per_question_s, times.total_s)
 
 
 def _summed(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -214,8 +266,7 @@ def _summed(stats: list[dict[str, Any]]) -> dict[str, Any]:
     return {key: sum(s[key] for s in stats) for key in stats[0]}
 
 
-def _write_results(result: DemoResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_results(result: DemoResult) -> None:
     data = {
         "questions": result.questions,
         "plain_answers": result.plain_answers,
@@ -224,10 +275,16 @@ def _write_results(result: DemoResult, path: Path) -> None:
         "plain_s": asdict(result.plain),
         "teola_s": asdict(result.teola),
         "speedup": result.speedup,
+        "latency_speedup": result.latency_speedup,
         "plain_llm_stats": result.plain_stats,
         "teola_llm_stats": result.teola_stats,
+        "decode_batch": result.decode_batch,
+        "decode_step_s": result.decode_step_s,
         "collection": result.collection,
+        "pgdata": result.pgdata,
         "llm_threads": result.llm_threads,
         "teola_llm_instances": result.llm_replicas,
+        "cpus": os.cpu_count(),
     }
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    result.results.parent.mkdir(parents=True, exist_ok=True)
+    result.results.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

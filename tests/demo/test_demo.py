@@ -35,16 +35,15 @@ def test_a_chat_prefix_renders_as_a_text_prefix_of_the_prompt() -> None:
     pytest.importorskip("langchain_core")
     from langchain_core.prompts import ChatPromptTemplate
 
-    from teola_langchain.native import render_chat, render_prefix
-    from teola_langchain.prompts import describe
-    from teola_langchain.prompts import render_prefix as prefix_of
+    from teola.demo.components import render_chat, render_chat_prefix
+    from teola_langchain.prompts import describe, render_prefix
 
     prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "Q: {question}\nC: {context}")])
     values = {"question": "why?", "context": "because"}
     full = render_chat(prompt.invoke(values).to_messages())
     template = describe(prompt)
     for k in range(len(template.segments) + 1):
-        assert full.startswith(render_prefix(prefix_of(template, k, values)))
+        assert full.startswith(render_chat_prefix(render_prefix(template, k, values)))
 
 
 needs_engines = pytest.mark.skipif(
@@ -54,6 +53,7 @@ needs_engines = pytest.mark.skipif(
     ),
     reason="needs the embedded engines (bash .ci/install-engines.sh)",
 )
+on_llamacpp = pytest.mark.llamacpp  # a native crash fails the test by name (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +72,15 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
     embedder = SentenceTransformerEmbedder()
     store = PgVectorStore(pgdata=pgdata, table=f"t_{uuid.uuid4().hex[:8]}", hnsw=False)
     seen: list[int] = []
+    starts: list[bool] = []
+
+    def began() -> None:
+        starts.append(True)
 
     async def twice() -> tuple[tuple[str, bool], tuple[str, bool]]:
         try:
-            first = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
-            second = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append)
+            first = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append, starting=began)
+            second = await ingest(corpus, embedder, store, batch_size=16, progress=seen.append, starting=began)
             return first, second
         finally:
             await embedder.close()
@@ -85,15 +89,31 @@ def test_ingestion_is_idempotent(pgdata, monkeypatch: pytest.MonkeyPatch) -> Non
     (name, ingested), (again, ingested_again) = asyncio.run(twice())
     assert (ingested, ingested_again) == (True, False)
     assert name == again == collection_name(corpus)
-    assert seen == [16, 16, 8]  # progress per batch, nothing on the second run
+    assert seen == [16, 16, 8] and starts == [True]  # progress per batch, nothing on the second run
     assert sorted(d.text for d in store.collection(name)) == sorted(p.text for p in corpus)
 
 
+class Phases:
+    """A `teola.demo.run.Progress` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, int | None, int]] = []
+
+    def start(self, phase: str, total: int | None = None) -> None:
+        self.phases.append((phase, total, 0))
+
+    def advance(self, n: int = 1) -> None:
+        phase, total, done = self.phases[-1]
+        self.phases[-1] = (phase, total, done + n)
+
+
 @needs_engines
+@on_llamacpp
 def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from teola.demo.run import run_demo
 
+    phases = Phases()
     result = asyncio.run(
         run_demo(
             questions=2,
@@ -103,24 +123,40 @@ def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, t
             table=f"t_{uuid.uuid4().hex[:8]}",
             paragraphs=load_corpus()[:60],
             llm_replicas=2,  # the two questions go to different llama.cpp instances: same answers
+            progress=phases,
         )
     )
     assert result.equal, (result.plain_answers, result.teola_answers)
     assert all(answer.strip() for answer in result.teola_answers)
     assert result.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    saved = json.loads((tmp_path / "teola-demo-results.json").read_text(encoding="utf-8"))
+    saved = json.loads(result.results.read_text(encoding="utf-8"))
     assert saved["answers_equal"] is True and saved["plain_s"]["total_s"] > 0
+    assert saved["decode_batch"] == result.decode_batch >= 1 and set(saved["decode_step_s"]) == {"1", "2", "4"}
     # the optimized run split the answer prompt's prefill and pipelined the expansion's decode
     assert result.teola_stats["prefills"] > result.plain_stats["prefills"]
+    # every phase named, the runs counted per question, the corpus ingested in full
+    names = [name for name, _, _ in phases.phases]
+    assert names[:3] == [
+        "loading SmolLM2 on llama.cpp (one per run)",
+        "measuring llama.cpp's decode step",
+        "loading MiniLM, starting Postgres",
+    ]
+    assert ("ingesting the corpus into pgvector", 60, 60) in phases.phases
+    assert ("plain LangChain: 2 questions at once", 2, 2) in phases.phases
+    assert ("teola.optimize: 2 questions at once", 2, 2) in phases.phases
+    assert names[-1] == "drawing the timeline"
+    assert result.pgdata == str(pgdata)
 
 
 @needs_engines
+@on_llamacpp
 def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain() -> None:
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.prompts import ChatPromptTemplate
 
+    from teola.demo.components import ChatSmolLM
+    from teola.demo.native import NativeChatEngine, optimize_native
     from teola_adapters.llamacpp import LlamaCppEngine
-    from teola_langchain.native import ChatSmolLM, NativeChatEngine, optimize_native
 
     engine = LlamaCppEngine(n_threads=1)
     llm = ChatSmolLM(engine=engine, max_tokens=12)
@@ -142,3 +178,20 @@ def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain()
     (plain, fast), (plain_stop, fast_stop) = asyncio.run(both())
     assert plain == fast and plain.strip()
     assert plain_stop == fast_stop and "." not in plain_stop
+
+
+def test_teola_steps_the_fewest_decodes_that_reach_most_of_the_best_throughput() -> None:
+    pytest.importorskip("langchain_core")
+    from types import SimpleNamespace
+
+    from teola.demo.native import efficient_decode_batch
+    from teola_core.profiles.profile import Curve, LatencyProfile
+
+    def engine(points):
+        curves = {"decode": Curve(points)} if points else {}
+        return SimpleNamespace(max_sequences=4, profile=LatencyProfile("llm", curves))
+
+    assert efficient_decode_batch(engine(((1, 0.007), (2, 0.018), (4, 0.031)))) == 1  # CPU, one thread: no gain
+    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.011), (4, 0.013)))) == 4  # batching nearly free
+    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.012), (4, 0.030)))) == 2
+    assert efficient_decode_batch(engine(())) == 4  # no decode curve: every running decode

@@ -12,13 +12,9 @@ def reference() -> Iterator[Callable[..., str]]:
     """llama.cpp's own completion on a fresh context, with the engine's evaluation chunk (one
     thread: robust to a busy machine; the engine's thread count must not change its texts).
     Greedy unless the call passes its own `temperature`."""
-    import llama_cpp
+    from teola_adapters.llamacpp import reference_llama
 
-    from teola_adapters.llamacpp import default_model_path
-
-    llm = llama_cpp.Llama(
-        str(default_model_path()), n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False
-    )
+    llm = reference_llama(n_ctx=2048, n_batch=32, n_ubatch=32, n_threads=1, n_threads_batch=1, verbose=False)
 
     def complete(text: str, max_tokens: int, **kwargs: object) -> str:
         llm.reset()

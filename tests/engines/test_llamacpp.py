@@ -22,6 +22,8 @@ from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle
 
+pytestmark = pytest.mark.llamacpp  # a native crash fails these tests by name (tests/conftest.py)
+
 K = PrimitiveKind
 SYSTEM = (
     "<|im_start|>system\nYou are a careful assistant. Use only the context to answer. If the context "

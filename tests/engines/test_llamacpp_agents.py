@@ -21,6 +21,8 @@ from teola_benchmarks.agents.trace import Shape
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
+pytestmark = pytest.mark.llamacpp  # a native crash fails these tests by name (tests/conftest.py)
+
 K = PrimitiveKind
 TINY = Shape(  # seed 2: three jobs of three calls, no tool longer than 0.5 s once scaled
     system_tokens=60,

@@ -8,6 +8,7 @@ sampled with a seed), streamed or not.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -18,6 +19,8 @@ from engine_testkit import node, run
 from teola_adapters.llamacpp import LlamaCppEngine
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
+
+pytestmark = pytest.mark.llamacpp  # a native crash fails these tests by name (tests/conftest.py)
 
 K = PrimitiveKind
 QUESTIONS = (
@@ -132,3 +135,81 @@ def test_decodes_leaving_early_do_not_change_the_others(engine, reference) -> No
     assert texts == [reference(p, 24) for p in prompts[:2]]
     assert engine.stats.decode_tokens < 2 * 24 + 2 * 200
     assert run(_generate(engine, prompts[2], 12)) == reference(prompts[2], 12)  # the engine goes on
+
+
+def test_one_decode_a_step_earliest_query_first_gives_the_same_texts(reference) -> None:
+    """decode_batch=1: every step advances one sequence, the earliest query's until it is done;
+    the texts are those of all decodes stepping together (and of decoding alone)."""
+    prompts = [chat(q) for q in QUESTIONS[:4]]
+    lengths = (12, 20, 8, 16)
+    done: list[str] = []
+    work: list = []
+    engine = LlamaCppEngine(max_sequences=4, n_threads=1, on_work=work.append)
+
+    async def one(query: str, prompt: str, n: int, cap: int) -> str:
+        kv = (await engine.run([Call(query, node(K.PREFILL, engine.name), {"prompt": prompt})], decode_batch=cap))[0]
+        decode = node(K.DECODE, engine.name, max_tokens=n)
+        (out,) = await engine.run([Call(query, decode, {"kv": kv["kv"]})], decode_batch=cap)
+        done.append(query)
+        return out["text"]
+
+    async def main(cap: int, tag: str) -> list[str]:
+        done.clear()
+        work.clear()
+        pairs = enumerate(zip(prompts, lengths, strict=True))
+        return list(await asyncio.gather(*(one(f"{tag}{i}", p, n, cap) for i, (p, n) in pairs)))
+
+    try:
+        alone = run(main(1, "a"), timeout=180)
+        steps = [w for w in work if w.kind == "decode"]
+        order = list(done)
+        together = run(main(4, "t"), timeout=180)
+        batched = [w for w in work if w.kind == "decode"]
+    finally:
+        run(engine.close())
+    assert alone == together == [reference(p, n) for p, n in zip(prompts, lengths, strict=True)]
+    assert max(len(w.calls) for w in steps) == 1 and max(len(w.calls) for w in batched) == 4
+    assert order == ["a0", "a1", "a2", "a3"]  # the queries as they came, whatever their lengths
+    first_of = [next(i for i, w in enumerate(steps) if w.calls[0].query_id == f"a{q}") for q in range(4)]
+    last_of = [max(i for i, w in enumerate(steps) if w.calls[0].query_id == f"a{q}") for q in range(4)]
+    assert all(last_of[q] < first_of[q + 1] for q in range(3))  # one query's decode at a time
+
+
+def test_an_earlier_query_decodes_between_the_chunks_of_a_later_prompt(reference) -> None:
+    """A long prompt of a later query is evaluated a chunk at a time: the earlier query's decode
+    steps in between (its text unchanged), and the long prompt's decode is exact too."""
+    started = threading.Event()
+    work: list = []
+
+    def seen(done) -> None:
+        work.append(done)
+        if done.kind == "prefill" and done.calls[0].query_id == "later":
+            started.set()
+
+    engine = LlamaCppEngine(max_sequences=2, n_threads=1, on_work=seen)
+    early, long = chat(QUESTIONS[0]), chat(" ".join(QUESTIONS) * 6, system="Summarize.")
+    assert engine.count_tokens(long) > 6 * engine.chunk
+
+    async def main() -> tuple[str, str]:
+        kv = (await engine.run([Call("early", node(K.PREFILL, engine.name), {"prompt": early})], decode_batch=1))[0]
+        later = asyncio.create_task(_generate_as(engine, "later", long, 4))
+        await asyncio.to_thread(started.wait)  # its first chunk is evaluated
+        decode = node(K.DECODE, engine.name, max_tokens=16)
+        (out,) = await engine.run([Call("early", decode, {"kv": kv["kv"]})], decode_batch=1)
+        return out["text"], await later
+
+    try:
+        text, later_text = run(main(), timeout=180)
+    finally:
+        run(engine.close())
+    assert text == reference(early, 16) and later_text == reference(long, 4)
+    kinds = [(w.kind, w.calls[0].query_id) for w in work if w.calls]
+    first_step = kinds.index(("decode", "early"))
+    assert ("prefill", "later") in kinds[first_step:]  # the long prompt was not done when the decode began
+
+
+async def _generate_as(engine: LlamaCppEngine, query: str, prompt: str, max_tokens: int) -> str:
+    (kv,) = await engine.run([Call(query, node(K.PREFILL, engine.name), {"prompt": prompt})], decode_batch=1)
+    decode = node(K.DECODE, engine.name, max_tokens=max_tokens)
+    (out,) = await engine.run([Call(query, decode, {"kv": kv["kv"]})], decode_batch=1)
+    return out["text"]

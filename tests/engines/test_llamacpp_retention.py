@@ -21,6 +21,7 @@ from teola_core.ir.kinds import PrimitiveKind
 
 K = PrimitiveKind
 needs_model = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason='needs "teola[local]"')
+pytestmark = pytest.mark.llamacpp  # a native crash fails these tests by name (tests/conftest.py)
 
 SYSTEM = (
     "<|im_start|>system\nYou are an agent with tools. To call a tool, write CALL tool_name(arguments) and "
