@@ -139,7 +139,7 @@ async def run_demo(
     from teola.demo.native import efficient_decode_batch, optimize_native
     from teola_adapters.embeddings import SentenceTransformerEmbedder
     from teola_adapters.llamacpp import LlamaCppEngine, calibrate_decode
-    from teola_adapters.pgvector import PgVectorStore, default_pgdata
+    from teola_adapters.pgvector import PgVectorStore
 
     if llm_replicas < 1:
         raise ValueError(f"llm_replicas must be >= 1, got {llm_replicas}")
@@ -181,7 +181,7 @@ async def run_demo(
         closing.append(embedder)
         store = PgVectorStore(pgdata=pgdata, table=table, hnsw=False)
         closing.append(store)
-        where = store.where if store.server is None else str(pgdata or default_pgdata())
+        where = store.where if store.embedded is None else str(store.embedded.pgdata)
         collection, ingested = await ingest(
             corpus,
             embedder,
