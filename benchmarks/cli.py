@@ -73,6 +73,12 @@ def add_bench_command(commands: Any) -> None:
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
     p.add_argument(
+        "--call-overhead",
+        action="store_true",
+        help="Teola's cost per call (microseconds) of invoke, ainvoke, batch and abatch on zero-latency LangChain "
+        "chains (ten lambdas; prompt | model | parser), against LangChain's own",
+    )
+    p.add_argument(
         "--engines",
         choices=("simulated", "local-real"),
         default="simulated",
@@ -165,6 +171,8 @@ def bench_command(args: argparse.Namespace) -> int:
         from teola_benchmarks.overload.report import run_from_args
 
         return run_from_args(args)
+    if args.call_overhead:
+        return run_call_overhead(args)
     if sum(map(bool, (args.langchain, args.llamaindex, args.langgraph, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex, --langgraph and --agents are exclusive")
     if args.max_num_seqs is not None and not args.langgraph:
@@ -181,6 +189,23 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.langgraph:
         return run_langgraph_bench(args)
     return run_workload_bench(args)
+
+
+def run_call_overhead(args: argparse.Namespace) -> int:
+    """`--call-overhead`: per-call cost on zero-latency chains (needs langchain-core)."""
+    from teola_benchmarks.langchain.call_overhead import measure_call_overhead
+
+    with working("per-call overhead on zero-latency LangChain chains"):
+        table = measure_call_overhead(calls=args.queries or 200)
+    if args.json:
+        print(json.dumps(table.to_json()))
+        return 0
+    for row in table.rows:
+        print(
+            f"{row.chain:<20} {row.method:<8} langchain {row.langchain_s * 1e6:8.1f} us   "
+            f"teola {row.teola_s * 1e6:8.1f} us   {row.ratio:.2f}x"
+        )
+    return 0
 
 
 def run_workload_bench(args: argparse.Namespace) -> int:

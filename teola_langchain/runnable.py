@@ -83,7 +83,8 @@ log = logging.getLogger("teola.langchain")
 
 LEARN_AFTER = 3  # calls before the first plan with learned figures
 MIN_SAMPLES = 3  # observations of a step before its median is used
-OBSERVE_EVERY = 4  # once learned, one call in this many is timed
+OBSERVE_EVERY = 4  # once learned, one call in this many is timed ...
+OBSERVE_EVERY_MAX = 64  # ... doubling up to this while what is observed changes no plan
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ class TeolaRunnable(Runnable[Input, Output]):
         self._engines = EngineRegistry(choices)
         self._given: Mapping[str, LatencyProfile] = profiles if isinstance(profiles, Mapping) else {}
         self._plan = self._first = self._make_plan(warn=warn)
+        if not _uses_engines(self._plan.traced):  # only engine calls' latencies can change a plan
+            self.learn_after = 0
         unused = choices.unused()
         if unused:
             raise ValueError(
@@ -185,6 +188,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             )
         self._replanning = threading.Lock()
         self._started = itertools.count()  # calls started (which are observed: `_observed`)
+        self._observe_every = OBSERVE_EVERY
         self._looked_at = -1  # the book's version at the last look for a new plan
         self._clock = time.perf_counter  # what observations are timed with (tests give a virtual clock)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
@@ -250,8 +254,11 @@ class TeolaRunnable(Runnable[Input, Output]):
             learned, counts = self.learned.profiles(MIN_SAMPLES), self.learned.counts(MIN_SAMPLES)
             if differs(plan.learned, learned) or plan.counts != counts:
                 self._plan = self._make_plan()
+                self._observe_every = OBSERVE_EVERY
                 if self.profiles_path is not None:
                     self.learned.save(self.profiles_path)
+            else:
+                self._observe_every = min(2 * self._observe_every, OBSERVE_EVERY_MAX)
         except Exception:  # the call itself succeeded or failed on its own: learning stops, loudly
             self.learn_after = 0
             log.exception("teola: %s stops learning (its current plan stays); the error was", self.name)
@@ -271,10 +278,10 @@ class TeolaRunnable(Runnable[Input, Output]):
 
     def _observed(self, asynchronous: bool) -> AbstractContextManager[None]:
         """Where this call's runs are timed (see `learning.py`): every call until the first learned
-        plan, then one in `OBSERVE_EVERY` (a callback handler costs every run a little); none
-        when not learning."""
+        plan, then one in `OBSERVE_EVERY`, fewer while observations change no plan (a callback
+        handler costs every run a little); none when not learning."""
         started = next(self._started)
-        if not self._learning() or (started >= self.learn_after and started % OBSERVE_EVERY):
+        if not self._learning() or (started >= self.learn_after and started % self._observe_every):
             return nullcontext()
         return observing((AsyncObserver if asynchronous else Observer)(self.learned, self._clock))
 
@@ -598,6 +605,12 @@ def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
         if engines[name].limits.max_batch_items != 1:
             gains.append(f"{name} batches calls across queries")
     return gains
+
+
+def _uses_engines(plan: TracedChain) -> bool:
+    """Whether any step runs on an engine (a model, an embedder, a store): the only steps whose
+    latencies a pass weighs, so a chain without them has nothing to learn."""
+    return any(n.engine is not None for sub in plan.graphs() for n in sub.graph.nodes.values())
 
 
 def _warms(node: Any, engines: EngineSet) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 
 MODE = os.environ.get("TEOLA_CONFORMANCE_MODE", "route")
 RECORDS = os.environ.get("TEOLA_CONFORMANCE_RECORDS")
+OPTIONS: dict[str, Any] = json.loads(os.environ.get("TEOLA_CONFORMANCE_OPTIONS") or "{}")  # for teola.optimize
 
 _inside = contextvars.ContextVar("teola_conformance_inside", default=False)
 _current_test: list[str] = [""]
@@ -79,7 +80,7 @@ def _target(self: Any, name: str, original: Any, optimize: Callable[[Any], Any])
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fast = optimize(self)
+            fast = optimize(self, **OPTIONS)
     finally:
         _inside.reset(token)
     # The class's method: an instance attribute of that name is a user's patch that called us

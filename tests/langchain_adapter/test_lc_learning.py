@@ -125,6 +125,30 @@ def test_learning_finds_the_slow_retriever_and_plans_a_prefill_split() -> None:
     fast.close()
 
 
+def test_a_chain_without_engine_steps_learns_nothing() -> None:
+    chain = RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)
+    fast = optimize(chain)
+    assert [fast.invoke(i) for i in range(6)] == [chain.invoke(i) for i in range(6)]
+    assert fast.learned.version == 0 and not fast.learned.to_json()["latencies"]
+    fast.close()
+
+
+def test_observation_backs_off_while_it_changes_no_plan() -> None:
+    clock = ThreadClock()
+    chain = rag(ClockedRetriever(clock=clock))
+    fast = optimize(chain, warn=False)
+    fast._clock = clock
+    observed = []
+    for _ in range(200):
+        before = fast.learned.version
+        fast.invoke({"question": "q"})
+        observed.append(fast.learned.version != before)
+    assert all(observed[:3])  # every call until the first learned plan
+    assert sum(observed[3:100]) < 97 / 4  # then fewer than one in four ...
+    assert 1 <= sum(observed[100:]) <= 100 / 32  # ... down to one in 64 (never none)
+    fast.close()
+
+
 def test_a_call_in_flight_keeps_the_plan_it_started_with() -> None:
     gate: dict[str, asyncio.Event] = {}
 

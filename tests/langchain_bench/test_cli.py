@@ -62,3 +62,12 @@ def test_every_plain_spelling_runs_beside_the_chain(capsys: pytest.CaptureFixtur
     assert set(out["systems"]) == {*SYSTEMS, "langchain_one_assign"}
     plain = {name: s["mean_s"] for name, s in out["systems"].items() if name != "teola"}
     assert out["best_baseline"] == min(plain, key=plain.__getitem__)
+
+
+def test_call_overhead_covers_both_chains_and_every_method(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--call-overhead", "--json", "--queries", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {(r["chain"], r["method"]): r for r in out["rows"]}
+    methods = ("invoke", "ainvoke", "batch", "abatch")
+    assert set(rows) == {(c, m) for c in ("ten_lambdas", "prompt_model_parser") for m in methods}
+    assert all(r["langchain_us"] > 0 and r["teola_us"] > 0 for r in rows.values())
