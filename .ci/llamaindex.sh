@@ -4,7 +4,8 @@
 # --llamaindex`) and 0.14.x (query engines, Workflows), each with the OpenAILike client
 # release of its line (the prefix warm-up tests). Fails if pytest fails, or if a
 # line ran fewer tests than it must (so a suite that silently stopped being collected
-# fails CI). Then, per line, LlamaIndex's own tests of that release plain and routed
+# fails CI). The 0.14 line also installs Ray and runs the query engine on the Ray backend
+# (tests/ray_backend/test_ray_llamaindex.py, a two-node loopback cluster). Then, per line, LlamaIndex's own tests of that release plain and routed
 # through `teola.optimize` (tests/conformance/run.py; about a minute a line): fails on
 # any regression or differing result not listed in known_differences.py, skips (saying
 # why) when the shared copy of those tests is absent. Venvs go to $TEOLA_LI_VENVS
@@ -21,16 +22,21 @@ else
 fi
 
 # line name, llama-index-core requirement, OpenAILike requirement, least passed tests,
-# least passed QueryPipeline tests, least of LlamaIndex's own tests passing plain
+# least passed QueryPipeline tests, least of LlamaIndex's own tests passing plain, and
+# "ray" to run the Ray backend's LlamaIndex tests too
 run_line() {
   local name="$1" spec="$2" openai_like="$3" least="$4" least_pipeline="$5" least_own="$6"
-  local venv="$BASE/venv-$name" report="$BASE/$name.xml"
+  local venv="$BASE/venv-$name" report="$BASE/$name.xml" extras="dev,serve" tests=(tests/llamaindex_adapter)
+  if [ "${7:-}" = ray ]; then
+    extras="$extras,ray"
+    tests+=(tests/ray_backend/test_ray_llamaindex.py)
+  fi
   echo "== llamaindex: $name ($spec)"
   rm -rf "$venv"
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$spec" "$openai_like" -e "$ROOT[dev,serve]"
-  (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/llamaindex_adapter --junitxml="$report")
+  "$venv/bin/python" -m pip install -q "$spec" "$openai_like" -e "$ROOT[$extras]"
+  (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$report")
   "$venv/bin/python" - "$report" "$least" "$least_pipeline" "$name" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
@@ -48,5 +54,5 @@ PY
 }
 
 run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 225 85 80
-run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 140 0 50
+run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 143 0 50 ray
 echo "== llamaindex: both lines passed"

@@ -38,13 +38,15 @@ together). Only the proven `aembed_documents` path batches across queries.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.vectorstores import VectorStore
 
+from teola_core.engines.choices import EngineChoices as CoreEngineChoices
+from teola_core.engines.choices import EngineOption
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import (
     Call,
@@ -205,9 +207,6 @@ class LangChainVectorStoreEngine(PerCallEngine):
         return {"hits": list(hits)}
 
 
-Chooser = Callable[[Any, Engine], Engine | None]
-EngineOption = Mapping[Any, Engine] | Iterable[tuple[Any, Engine]] | Chooser | None
-
 # What an engine must run for each role a component can have in a traced chain.
 ROLE_KINDS: dict[str, frozenset[PrimitiveKind]] = {
     "llm": LLM_KINDS,
@@ -216,18 +215,13 @@ ROLE_KINDS: dict[str, frozenset[PrimitiveKind]] = {
 }
 
 
-class EngineChoices:
+class EngineChoices(CoreEngineChoices):
     """The `engines=` option of `teola.optimize`: which Teola engine runs a component of the chain.
 
-    The option is one of:
-
-    - pairs `(component, engine)`, matched by identity: a list, or a dict when the
-      components are hashable (LangChain's models and embeddings are pydantic objects,
-      which are not, so a list of pairs is the usual form). A component the chain does
-      not use is an error (`unused`).
-    - a function `choose(component, default) -> engine | None`, asked for every model,
-      embeddings object and vector store the chain uses; `default` is the engine Teola
-      would use (wrap it, or fall back to it); None keeps it.
+    The option (`teola_core.engines.choices`) is `(component, engine)` pairs matched by
+    identity (a list: LangChain's models and embeddings are pydantic objects, which are
+    not hashable), or a function `choose(component, default) -> engine | None` asked for
+    every model, embeddings object and vector store the chain uses.
 
     The engine runs every primitive of that component (all queries share it), so it must
     run the primitives of the component's role (`ROLE_KINDS`) with the values Teola's
@@ -250,47 +244,13 @@ class EngineChoices:
     """
 
     def __init__(self, option: EngineOption = None) -> None:
-        self._choose: Chooser | None = None
-        self._pairs: list[tuple[Any, Engine]] = []
-        if option is None:
-            pass
-        elif isinstance(option, Mapping):
-            self._pairs = list(option.items())
-        elif callable(option):
-            self._choose = option
-        else:
-            for pair in option:
-                if not (isinstance(pair, tuple) and len(pair) == 2):
-                    raise TypeError(f"engines=: expected (component, engine) pairs, got {pair!r}")
-                self._pairs.append(pair)
-        self._used: set[int] = set()
+        super().__init__(option, ROLE_KINDS)
 
-    def engine(self, component: Any, role: str, default: Engine) -> Engine:
-        """The engine that runs `component` in `role` (`default` unless the option names another)."""
-        chosen: Engine | None = None
-        for i, (c, e) in enumerate(self._pairs):
-            if c is component:
-                chosen = e
-                self._used.add(i)
-        if chosen is None and self._choose is not None:
-            chosen = self._choose(component, default)
-        if chosen is None or chosen is default:
-            return default
+    def adapt(self, component: Any, role: str, default: Engine, chosen: Any) -> Engine | None:
+        """A `VLLMHTTPEngine` given for a model: the model's engine, warming on that server."""
         if role == "llm" and isinstance(default, LangChainLLMEngine) and _is_vllm_http(chosen):
             return default.with_warmer(PrefixWarmer(chosen))
-        if not isinstance(chosen, Engine):
-            raise TypeError(f"engines=: {type(component).__name__} was given {chosen!r}, which is not a Teola Engine")
-        missing = ROLE_KINDS[role] - chosen.kinds
-        if missing:
-            raise TypeError(
-                f"engines=: {type(chosen).__name__} cannot run {type(component).__name__}'s primitives: "
-                f"it lacks {sorted(k.value for k in missing)}"
-            )
-        return chosen
-
-    def unused(self) -> list[Any]:
-        """The components of the pairs that no traced step used."""
-        return [c for i, (c, _) in enumerate(self._pairs) if i not in self._used]
+        return None
 
 
 def _is_vllm_http(engine: object) -> bool:

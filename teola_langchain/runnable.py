@@ -179,13 +179,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self._plan = self._first = self._make_plan(warn=warn)
         if not _uses_engines(self._plan.traced):  # only engine calls' latencies can change a plan
             self.learn_after = 0
-        unused = choices.unused()
-        if unused:
-            raise ValueError(
-                "engines= names components that no traced step runs on an engine (matched by identity: "
-                "the chain does not use them, or only inside a step Teola runs as one call, see "
-                "explain()): " + ", ".join(type(c).__name__ for c in unused)
-            )
+        choices.check_used()
         self._replanning = threading.Lock()
         self._started = itertools.count()  # calls started (which are observed: `_observed`)
         self._observe_every = OBSERVE_EVERY
@@ -342,7 +336,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             self._first, self._plan, self._engines.engines, self.learned.calls, self.calls_on_graph, self.learn_after
         )
         out.extend(section(title, body) for title, body in advice)
-        where = self._runtimes.where()
+        where = self.where()
         engines = [
             f"- {name}: {type(e).__name__}" + (f" ({where[name]})" if name in where else "")
             for name, e in self._engines.engines.engines.items()
@@ -379,6 +373,15 @@ class TeolaRunnable(Runnable[Input, Output]):
     def engine_names(self) -> tuple[str, ...]:
         """The names of the engines the traced chain runs on."""
         return self._runtimes.engine_names
+
+    @property
+    def engine_set(self) -> EngineSet:
+        """The engines the traced chain runs on (as traced: before any Ray placement)."""
+        return self._engines.engines
+
+    def where(self) -> dict[str, str]:
+        """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
+        return self._runtimes.where()
 
     def runtime_for_current_loop(self) -> Runtime:
         """The runtime that serves async calls made on the running event loop."""

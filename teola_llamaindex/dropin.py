@@ -9,6 +9,11 @@ sync methods (`close()` stops it), the `passes` option resolved once (`optimize_
 graph runs that count themselves (`calls_on_graph`) and hand back the user's own
 exception, and opaque calls: the original's own method as the one step of a graph.
 Attributes the drop-in does not define are the original's.
+
+A subclass traces in its `__init__`, then calls `place_engines()`: the `engines=` option
+is checked against what was traced and, on the "ray" backend, the engines are placed as
+`ray=` says (the framework engines stay in the driver: they are `driver_only`). Each
+query's context travels with its calls (`Call.context`), never in a registry.
 """
 
 from __future__ import annotations
@@ -16,19 +21,23 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from teola_core.engines.choices import EngineOption
+from teola_core.engines.protocol import EngineSet
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.passes import run_passes
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
+from teola_core.runtime.backends import DEFAULT_BACKEND, RuntimePerLoop, check_backend
 from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.parts import SharedOptions
+from teola_core.runtime.ray_options import RayOptions
 from teola_llamaindex.common import unwrap_error
 from teola_llamaindex.prefix_warmup import warmup_notes
-from teola_llamaindex.registry import EngineRegistry
+from teola_llamaindex.registry import EngineRegistry, engine_choices
 from teola_llamaindex.scope import CallerLoop, CallerThread, QueryContext
 
 T = TypeVar("T")
@@ -37,12 +46,15 @@ T = TypeVar("T")
 class LlamaIndexDropIn:
     """The plumbing of a drop-in (see the module docstring); subclasses trace and call.
 
-    Options: backend ("local", scheduled and batching, or "reference"), policy (the local
-    runtime's engine scheduling policy), passes (True, False or a `PassManager`), profiles
-    (latency profiles by engine name, e.g. "llm:MockLLM", for the passes to plan with),
-    warm_prefix (warm a split prompt's ready prefix on a vLLM server, `prefix_warmup`),
-    decompose (split components into primitives even where their own spans, events and
-    callbacks are then not emitted: docs/llamaindex.md, "Decomposed components").
+    Options: backend ("local", scheduled and batching; "ray", engines in Ray actors; or
+    "reference"), policy (the local runtime's engine scheduling policy), passes (True, False
+    or a `PassManager`), profiles (latency profiles by engine name, e.g. "llm:MockLLM", for
+    the passes to plan with), warm_prefix (warm a split prompt's ready prefix on a vLLM
+    server, `prefix_warmup`), decompose (split components into primitives even where their
+    own spans, events and callbacks are then not emitted: docs/llamaindex.md, "Decomposed
+    components"), engines (which Teola engine runs a component: `(component, engine)` pairs
+    or a chooser, `registry`), ray (where engines run on the "ray" backend:
+    `teola_core.runtime.ray_options.RayOptions`, or a dict `{"address": ..., "engines": {...}}`).
     """
 
     def __init__(
@@ -55,9 +67,10 @@ class LlamaIndexDropIn:
         profiles: Mapping[str, LatencyProfile] | None = None,
         warm_prefix: bool = True,
         decompose: bool = False,
+        engines: EngineOption = None,
+        ray: RayOptions | Mapping[str, Any] | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
+        check_backend(backend, ray)
         self.original = original
         self.backend = backend
         self.policy = policy
@@ -65,8 +78,9 @@ class LlamaIndexDropIn:
         self.calls_on_graph = 0  # graph runs so far (opaque ones included)
         self._passes = passes
         self._profiles = dict(profiles or {})
-        self._engines = EngineRegistry(warm_prefix=warm_prefix)
-        self._runtimes = RuntimePerLoop(self._engines.engines, backend, policy)
+        self._shared = SharedOptions(engine_choices(engines), backend, ray)
+        self._engines = EngineRegistry(self._shared.choices, warm_prefix=warm_prefix)
+        self._runtimes: RuntimePerLoop | None = None
         self._thread = LoopThread(f"teola:{type(original).__name__}")
         self._finalizer = weakref.finalize(self, self._thread.close)
         self._ids = itertools.count()
@@ -77,24 +91,51 @@ class LlamaIndexDropIn:
             raise AttributeError(name)
         return getattr(original, name)
 
+    def part_options(self) -> dict[str, Any]:
+        """The options of a drop-in for a part of this object (`engines=` and `ray=` shared)."""
+        return {"backend": self.backend, "policy": self.policy, **self._shared.part_options()}
+
+    def place_engines(self, parts: Sequence[LlamaIndexDropIn] = ()) -> None:
+        """After tracing: check `engines=` and `ray=` (against `parts` too) and place the engines."""
+        self._shared.check([self._engines.engines, *(p.engine_set for p in parts)])
+        self._runtimes = RuntimePerLoop(self._engines.engines, self.backend, self.policy, ray=self._shared.ray)
+
     # -- the shared surface ---------------------------------------------------------------
     def close(self) -> None:
-        """Stop the event-loop thread of the sync methods (it restarts if used again)."""
+        """Stop the event-loop thread of the sync methods and the Ray actors (both restart if used again)."""
         self._thread.close()
+        self.runtimes.close()
+
+    @property
+    def runtimes(self) -> RuntimePerLoop:
+        """The runtimes of the traced object (one per event loop; its engines' placement)."""
+        if self._runtimes is None:
+            raise RuntimeError(f"{type(self).__name__}.__init__ did not call place_engines() after tracing")
+        return self._runtimes
+
+    @property
+    def engine_set(self) -> EngineSet:
+        """The engines the traced object runs on (as traced: before any Ray placement)."""
+        return self._engines.engines
 
     @property
     def engine_names(self) -> tuple[str, ...]:
         """The names of the engines the traced object runs on."""
-        return self._runtimes.engine_names
+        return self.runtimes.engine_names
+
+    def where(self) -> dict[str, str]:
+        """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
+        return self.runtimes.where()
 
     def runtime_for_current_loop(self) -> Any:
         """The runtime serving async calls on the running event loop (one per loop)."""
-        return self._runtimes.current()
+        return self.runtimes.current()
 
     def explain_graphs(self, pgraph: Graph, graph: Graph, passes: list[str]) -> list[str]:
         """The engines, prefix warm-ups, passes, p-graph and e-graph, as `explain()` lines."""
+        where = self.where()
         return [
-            "engines: " + (", ".join(self._engines.engines.engines) or "none"),
+            "engines: " + (", ".join(f"{name} ({where[name]})" for name in self._engines.engines.engines) or "none"),
             *warmup_notes(self._engines.engines),
             "passes: " + (", ".join(passes) or "none"),
             "p-graph:",
@@ -111,15 +152,11 @@ class LlamaIndexDropIn:
     async def run_graph(self, graph: Graph, inputs: Mapping[str, Any], ctx: QueryContext) -> dict[str, Any]:
         """One run of `graph` (its `context` input is `ctx`); raises the user's own exception."""
         qid = f"li{next(self._ids)}"
-        self._engines.contexts[qid] = ctx
         self.calls_on_graph += 1
         try:
-            try:
-                return await self._runtimes.current().run(graph, {**inputs, "context": ctx}, query_id=qid)
-            except PrimitiveError as exc:
-                error = unwrap_error(exc, {n.id: n.module or "" for n in graph.nodes.values()})
-        finally:
-            del self._engines.contexts[qid]
+            return await self.runtimes.current().run(graph, {**inputs, "context": ctx}, query_id=qid, context=ctx)
+        except PrimitiveError as exc:
+            error = unwrap_error(exc, {n.id: n.module or "" for n in graph.nodes.values()})
         raise error
 
     def run_sync(self, work: Callable[[QueryContext], Awaitable[T]]) -> T:

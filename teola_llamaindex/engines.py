@@ -1,12 +1,15 @@
 """The user's own LlamaIndex components as Teola engines, one engine per component object.
 
-    engine = LlamaIndexLLMEngine("llm:MockLLM", llm, contexts)   # decode: llm.complete / acomplete
+    engine = LlamaIndexLLMEngine("llm:MockLLM", llm)              # decode: llm.complete / acomplete
     engine = LlamaIndexRetrieverEngine("retriever:X", retriever)  # SEARCH: retriever.retrieve / aretrieve
 
 `registry.EngineRegistry` makes one per component object, so every query that uses a
 component shares its engine and their calls meet in one engine scheduler. An engine
 calls the component's own public method, sync or async as the query was called, in the
-query's context (`scope`), so the framework's spans, events and callbacks are its own.
+query's context (`scope`, given with each call: `Call.context`), so the framework's
+spans, events and callbacks are its own. That context (the caller's contextvars and
+thread) cannot leave the driver process, so these engines are `driver_only`: on the Ray
+backend they run in the driver, and engines chosen with `engines=` run in actors.
 What each engine calls, and why they take one call per batch: docs/llamaindex.md
 ("Engines").
 """
@@ -26,15 +29,15 @@ from teola_core.engines.protocol import Call, EngineLimits, PerCallEngine
 from teola_core.ir.kinds import PrimitiveKind
 from teola_llamaindex.scope import QueryContext
 
-Contexts = dict[str, QueryContext]
-"""Query id -> that query's context, kept by the drop-in while the query runs."""
 
-_NO_SCOPE = QueryContext(sync=False)  # a query run elsewhere (a Ray actor): plain async calls
-
-
-def context_of(contexts: Contexts, call: Call) -> QueryContext:
-    """The context `call` runs in: its query's, its module's (async and unscoped if unknown here)."""
-    return contexts.get(call.query_id, _NO_SCOPE).for_module(call.node.module)
+def context_of(call: Call) -> QueryContext:
+    """The context `call` runs in: its query's (`Call.context`), or its module's."""
+    if not isinstance(call.context, QueryContext):
+        raise TypeError(
+            f"{call.node.describe()}: a LlamaIndex component's engine needs the query's context "
+            f"(got {type(call.context).__name__}); run the graph through the optimized object"
+        )
+    return call.context.for_module(call.node.module)
 
 
 def needs_embedding(retriever: Any) -> bool:
@@ -50,13 +53,12 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)
 
-    def __init__(self, name: str, llm: LLM, contexts: Contexts | None = None) -> None:
+    def __init__(self, name: str, llm: LLM) -> None:
         self.name = name
         self.llm = llm
-        self.contexts: Contexts = {} if contexts is None else contexts
 
     async def generate(self, call: Call, prompt: Any) -> Any:
-        ctx = context_of(self.contexts, call)
+        ctx = context_of(call)
         api = call.node.config.get("api", "complete")
         if api == "chat":
             return (await ctx.call(self.llm.chat, self.llm.achat, prompt)).message.content or ""
@@ -90,6 +92,7 @@ class LlamaIndexEmbeddingEngine(PerCallEngine):
 
     kinds = frozenset({PrimitiveKind.EMBED})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
+    driver_only = True  # the embed model's events and spans belong to the caller's trace
 
     def __init__(self, name: str, embed_model: BaseEmbedding) -> None:
         self.name = name
@@ -118,6 +121,7 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
 
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
+    driver_only = True  # calls the app's retriever in the query's context
 
     def __init__(self, name: str, retriever: BaseRetriever) -> None:
         self.name = name

@@ -48,8 +48,10 @@ class TeolaQueryPipelineExecutor(LlamaIndexDropIn):
         except UnsupportedPipeline as exc:
             self.fallback = str(exc)
             warnings.warn(f"teola: this QueryPipeline runs as itself ({exc})", OpaqueModuleWarning, stacklevel=2)
+            self.place_engines()
             return
         self.plan.graph, self.plan.passes = self.optimize_graph(self.plan.pgraph)
+        self.place_engines()
         self._view = framework_view(pipeline, **_executor_hooks(self))
 
     def explain(self) -> str:

@@ -21,7 +21,7 @@ from llama_index.core.llms import LLM
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
-from teola_llamaindex.engines import Contexts, LlamaIndexLLMEngine
+from teola_llamaindex.engines import LlamaIndexLLMEngine
 
 _CLIENTS = (("llama_index.llms.openai_like", "OpenAILike"), ("llama_index.llms.openai", "OpenAI"))
 _NO_WARMUP_HOSTS = frozenset({"api.openai.com"})
@@ -57,8 +57,8 @@ def why_no_warmup(llm: Any) -> str | None:
 class PrefixWarmingLLMEngine(LlamaIndexLLMEngine):
     """An `OpenAILike` / `OpenAI` client whose partial prefills warm its server (module docstring)."""
 
-    def __init__(self, name: str, llm: LLM, warmer: Any, contexts: Contexts | None = None) -> None:
-        super().__init__(name, llm, contexts)
+    def __init__(self, name: str, llm: LLM, warmer: Any) -> None:
+        super().__init__(name, llm)
         self.warmer = warmer
         self.warm_error: str | None = None
         self._own_client = getattr(llm, "_async_http_client", None) is None
@@ -105,10 +105,10 @@ def warmup_notes(engines: Any) -> list[str]:
     return notes
 
 
-def llm_engine(name: str, llm: LLM, contexts: Contexts, *, warm_prefix: bool = True) -> LlamaIndexLLMEngine:
+def llm_engine(name: str, llm: LLM, *, warm_prefix: bool = True) -> LlamaIndexLLMEngine:
     """The engine for `llm`: with prefix warm-up where `why_no_warmup` allows, else plain."""
     if not warm_prefix or why_no_warmup(llm) is not None:
-        return LlamaIndexLLMEngine(name, llm, contexts)
+        return LlamaIndexLLMEngine(name, llm)
     from teola_adapters.vllm_http.engine import VLLMHTTPEngine
 
     warmer = VLLMHTTPEngine(
@@ -120,4 +120,4 @@ def llm_engine(name: str, llm: LLM, contexts: Contexts, *, warm_prefix: bool = T
         retries=0,
         http_client=getattr(llm, "_async_http_client", None),
     )
-    return PrefixWarmingLLMEngine(name, llm, warmer, contexts)
+    return PrefixWarmingLLMEngine(name, llm, warmer)

@@ -100,7 +100,14 @@ class TeolaQueryEngine(LlamaIndexDropIn):
         self.traced = type(engine) is RetrieverQueryEngine
         self.parts: list[TeolaQueryEngine] = []  # RetrieverQueryEngines inside an engine run as itself
         if not self.traced:
-            self._target, found = with_traced_parts(engine, lambda part: self._trace_part(part, options))
+            part_options = {**options, **self.part_options()}
+            try:
+                self._target, found = with_traced_parts(engine, lambda part: self._trace_part(part, part_options))
+                self.place_engines(self.parts)
+            except BaseException:
+                for part in self.parts:
+                    part.close()
+                raise
             inside = f"; the {found} RetrieverQueryEngine(s) inside it are traced" if found else ""
             warnings.warn(
                 f"teola: {type(engine).__name__} runs as itself, one opaque step{inside} "
@@ -111,6 +118,7 @@ class TeolaQueryEngine(LlamaIndexDropIn):
             return
         self.pgraph = trace_query_engine(engine, self._engines, decompose=self.decompose)
         self.graph, self.passes = self.optimize_graph(self.pgraph)
+        self.place_engines()
         self._view = framework_view(engine, **_query_hooks(self))
 
     def _trace_part(self, engine: RetrieverQueryEngine, options: dict[str, Any]) -> RetrieverQueryEngine:

@@ -118,6 +118,7 @@ class LlamaIndexRerankEngine(Engine):
     """A node postprocessor as a RERANK engine (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.RERANK})
+    driver_only = True  # calls the app's postprocessor in the query's context
 
     def __init__(self, name: str, postprocessor: Any) -> None:
         self.name = name

@@ -26,10 +26,11 @@ from langchain_core.prompt_values import PromptValue
 
 from teola.demo.components import ChatSmolLM, PgVectorCollection, render_chat, render_chat_prefix
 from teola_adapters._llm import LLM_KINDS
+from teola_core.engines.choices import Chooser
 from teola_core.engines.protocol import Call, CallResult, Engine
 from teola_core.ir.kinds import PrimitiveKind
 from teola_langchain import retrievers
-from teola_langchain.engines import Chooser, LangChainLLMEngine
+from teola_langchain.engines import LangChainLLMEngine
 from teola_langchain.prompts import PromptPrefix
 from teola_langchain.runnable import TeolaRunnable
 

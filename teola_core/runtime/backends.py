@@ -73,7 +73,7 @@ def make_runtime(
     otherwise the runtime places them itself as `ray` says, and `close()` kills its actors.
     `timeouts`: the deadlines of engine batches and user steps (`Timeouts`; default 600 s).
     """
-    _check_backend(backend, ray)
+    check_backend(backend, ray)
     if backend == "ray":
         from teola_core.runtime.ray import RayRuntime
 
@@ -89,7 +89,8 @@ def make_runtime(
     return LocalRuntime(engines, policy=policy, timeouts=Timeouts.of(timeouts))
 
 
-def _check_backend(backend: str, ray: object) -> None:
+def check_backend(backend: str, ray: object) -> None:
+    """Fail on an unknown backend, or on `ray=` options for another backend than "ray"."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     if ray is not None and backend != "ray":
@@ -119,7 +120,7 @@ class RuntimePerLoop:
         ray: RayOptions | Mapping[str, Any] | None = None,
         timeouts: Timeouts | float | None = None,
     ) -> None:
-        _check_backend(backend, ray)
+        check_backend(backend, ray)
         self.engines = engines
         self.backend = backend
         self.policy = policy

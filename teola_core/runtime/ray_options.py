@@ -13,13 +13,18 @@ stay in the driver (`Engine.driver_only`: the framework engines that call a user
 LangChain / LlamaIndex objects with each query's callbacks) and those given
 `{"in_driver": True}`. `RayOptions.parse` checks the option's shape and `placements`
 checks it against the app's engines; both fail with an error naming what is wrong.
+
+An app made of parts that each place their own engines (the chains of a LangGraph graph,
+the query engines inside a router) gives every part `options.for_parts()`: a part
+places the keys that match its engines, and the owner calls `check_keys(parts)` once
+every part is built, so a key that matches no part's engines still fails.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from teola_core.engines.protocol import Engine, EngineSet
@@ -115,6 +120,7 @@ class RayOptions:
     address: str | None = None
     init: Mapping[str, Any] = field(default_factory=dict)
     engines: Mapping[EngineKey, Mapping[str, Any]] = field(default_factory=dict)
+    partial: bool = False  # for one part of an app (`for_parts`); not a key of the option
 
     @classmethod
     def parse(cls, value: RayOptions | Mapping[str, Any] | None) -> RayOptions:
@@ -124,7 +130,7 @@ class RayOptions:
             return value
         if not isinstance(value, Mapping):
             raise TypeError(f"ray=: expected a dict (address, init, engines), got {type(value).__name__}")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"partial"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"ray=: unknown key(s) {unknown} (known: {', '.join(sorted(known))})")
@@ -144,22 +150,24 @@ class RayOptions:
             parsed[key] = EngineOptions.parse(options, f"ray=: engines[{_key_name(key)}]")
         return cls(address=address, init=dict(init), engines=parsed)
 
+    def for_parts(self) -> RayOptions:
+        """These options for one part of an app: keys that match none of its engines are left to
+        the other parts (see the module docstring)."""
+        return replace(self, partial=True)
+
     def placements(self, engines: EngineSet) -> dict[str, EngineOptions | None]:
         """Per engine name: its options, or None when it runs in the driver.
 
-        Fails when a key matches no engine, or asks to put a `driver_only` engine in actors.
+        Fails when a key matches no engine (unless `partial`), or asks to put a `driver_only`
+        engine in actors.
         """
-        known = ", ".join(sorted(engines.engines)) or "none"
         for key in self.engines:
+            if not _matches(key, engines):
+                if self.partial:
+                    continue
+                raise _unmatched(key, [engines])
             if isinstance(key, str):
-                if key not in engines:
-                    raise ValueError(
-                        f"ray=: engines names {key!r}, which this app does not use (its engines: {known}; "
-                        "explain() lists them)"
-                    )
                 _check_placeable(key, engines[key], self.engines[key])
-            elif not any(isinstance(e, key) for e in engines.engines.values()):
-                raise ValueError(f"ray=: engines names class {key.__name__}, which no engine of this app is ({known})")
             elif key.driver_only:
                 _check_placeable(key.__name__, key, self.engines[key])
         out: dict[str, EngineOptions | None] = {}
@@ -172,11 +180,32 @@ class RayOptions:
             out[name] = None if options.in_driver or engine.driver_only else options
         return out
 
+    def check_keys(self, parts: Sequence[EngineSet]) -> None:
+        """Fail naming a key that matches no engine of any part of the app."""
+        for key in self.engines:
+            if not any(_matches(key, part) for part in parts):
+                raise _unmatched(key, parts)
+
     def _class_keys(self, engine: Engine) -> list[type[Engine]]:
         """The class keys `engine` is an instance of, the most general first (so specific ones win)."""
         mro = type(engine).__mro__
         keys = [k for k in self.engines if isinstance(k, type) and isinstance(engine, k)]
         return sorted(keys, key=lambda k: -mro.index(k) if k in mro else 0)
+
+
+def _matches(key: EngineKey, engines: EngineSet) -> bool:
+    if isinstance(key, str):
+        return key in engines
+    return any(isinstance(e, key) for e in engines.engines.values())
+
+
+def _unmatched(key: EngineKey, parts: Sequence[EngineSet]) -> ValueError:
+    known = ", ".join(sorted({name for part in parts for name in part.engines})) or "none"
+    if isinstance(key, str):
+        return ValueError(
+            f"ray=: engines names {key!r}, which this app does not use (its engines: {known}; explain() lists them)"
+        )
+    return ValueError(f"ray=: engines names class {key.__name__}, which no engine of this app is ({known})")
 
 
 def _check_placeable(what: str, engine: Engine | type[Engine], options: Mapping[str, Any]) -> None:

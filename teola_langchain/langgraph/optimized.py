@@ -26,6 +26,16 @@ node whose runnable is an LCEL chain runs `teola.optimize(chain)` instead (batch
 prefill split, decode pipelining inside the chain); LangGraph still calls it as a node.
 Off by default until the LCEL executor keeps LangChain's callbacks exactly; LangGraph's
 suite passes routed either way (`tests/conformance`).
+
+Backends: `backend`, `ray` and `engines` go to those chains' `teola.optimize`, so with
+`backend="ray"` each chain's Teola engines run in Ray actors placed as `ray` says, while
+LangGraph, the chains' own framework objects and the gate stay in the driver. The
+options apply to the graph as a whole: an `engines=` pair or a `ray=` engine key must
+match some chain's engines (`EngineChoices.check_used`, `RayOptions.check_keys`).
+
+    fast = teola.optimize(graph, runnable_nodes=True, backend="ray",
+                          engines=[(embeddings, MyEmbedder())],
+                          ray={"engines": {MyEmbedder: {"resources": {"gpu_node": 1}}}})
 """
 
 from __future__ import annotations
@@ -33,16 +43,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from langgraph.pregel import Pregel
 
+from teola_core.engines.choices import EngineOption
+from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
+from teola_core.runtime.parts import SharedOptions
+from teola_core.runtime.ray_options import RayOptions
+from teola_langchain.engines import EngineChoices
 from teola_langchain.explain import section
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
+from teola_langchain.runnable import TeolaRunnable
 
 
 class OptimizedGraph:
@@ -50,7 +66,7 @@ class OptimizedGraph:
 
     _teola: GraphRuns
     _teola_original: Pregel
-    _teola_chains: frozenset[str]  # nodes whose chain runs through teola.optimize
+    _teola_chains: dict[str, TeolaRunnable[Any, Any]]  # nodes whose chain runs through teola.optimize
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         if CURRENT_GATE.get() is not None:  # part of a run already open here
@@ -122,9 +138,16 @@ class OptimizedGraph:
         """The compiled graph this one was made from."""
         return self._teola_original
 
+    @property
+    def chains(self) -> dict[str, TeolaRunnable[Any, Any]]:
+        """Node name -> the optimized chain that node runs (`runnable_nodes=True`)."""
+        return dict(self._teola_chains)
+
     def close(self) -> None:
-        """Stop the loop thread of the sync methods (it restarts if used again)."""
+        """Stop the loop threads of the sync methods and the chains' Ray actors (all restart if used)."""
         self._teola.shutdown()
+        for chain in self._teola_chains.values():
+            chain.close()
 
     def explain(self) -> str:
         """What LangGraph runs and what Teola does for each node, the engines seen so far, advice."""
@@ -136,7 +159,7 @@ class OptimizedGraph:
             "calls its nodes make (teola_langchain.langgraph.gate).\n",
         ]
         lines = [
-            f"- {k.name}: {k.kind} ({k.runnable}): {_node_plan(k.kind, k.name in self._teola_chains)}"
+            f"- {k.name}: {k.kind} ({k.runnable}): {_node_plan(k.kind, self._teola_chains.get(k.name))}"
             for k in node_kinds(original)
         ]
         out.append(section("nodes", "\n".join(lines) or "- none"))
@@ -157,9 +180,12 @@ class OptimizedGraph:
         return "\n".join(out)
 
 
-def _node_plan(kind: str, traced: bool) -> str:
+def _node_plan(kind: str, chain: TeolaRunnable[Any, Any] | None) -> str:
     if kind == "chain":
-        return "traced by teola.optimize (LCEL)" if traced else "run by LangChain as written"
+        if chain is None:
+            return "run by LangChain as written"
+        where = "; ".join(f"{name} ({place})" for name, place in sorted(chain.where().items()))
+        return f"traced by teola.optimize (LCEL); backend {chain.backend}, engines: {where or 'none'}"
     if kind == "subgraph":
         return "run by LangGraph; its nodes' model calls belong to the run"
     if kind == "tools":
@@ -167,7 +193,7 @@ def _node_plan(kind: str, traced: bool) -> str:
     return "run as written; the model calls it makes are scheduled by Teola"
 
 
-def _advice(graph: Pregel, chains: frozenset[str], concurrency: int | None) -> list[str]:
+def _advice(graph: Pregel, chains: Mapping[str, Any], concurrency: int | None) -> list[str]:
     advice = []
     if is_create_agent(graph):
         advice.append(
@@ -203,6 +229,9 @@ def optimize_graph(
     model_concurrency: int | None = None,
     runnable_nodes: bool = False,
     hooks: Sequence[RuntimeHook] = (),
+    backend: str = DEFAULT_BACKEND,
+    ray: RayOptions | Mapping[str, Any] | None = None,
+    engines: EngineOption = None,
 ) -> Pregel:
     """A copy of `graph` whose model calls run on Teola (see the module docstring).
 
@@ -212,21 +241,46 @@ def optimize_graph(
         `RunnableBranch`) through `teola.optimize(chain)`; off, they run as LangChain runs them.
     hooks: runtime hooks (`teola_core.runtime.timeline.SpanRecorder`, ...): they see one
         prefill and one decode span per model call (queued, admitted, ended).
+    backend, ray, engines: the chains' `teola.optimize` options (`TeolaRunnable`), for the
+        graph as a whole (see the module docstring); they need `runnable_nodes=True`.
     """
+    check_backend(backend, ray)
+    chain_options = {"backend": backend != DEFAULT_BACKEND, "ray": ray is not None, "engines": engines is not None}
+    given = [name for name, set_ in chain_options.items() if set_]
+    if given and not runnable_nodes:
+        raise ValueError(
+            f"optimize(graph, {', '.join(f'{name}=...' for name in given)}) applies to the graph's LCEL chain nodes, "
+            "which run through teola.optimize only with runnable_nodes=True (function nodes make their own model "
+            "calls, in the driver): add runnable_nodes=True"
+        )
     original = graph._teola_original if isinstance(graph, OptimizedGraph) else graph
     cls = optimized_class(type(original))
     fast = cls.__new__(cls)
     fast.__dict__.update(original.__dict__)
     fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
     fast._teola_original = original
-    fast._teola_chains = frozenset()
+    fast._teola_chains = {}
     if runnable_nodes:
-        import teola
-
-        chains = {n for n, node in original.nodes.items() if isinstance(node.bound, LCEL_CHAINS) and not node.subgraphs}
-        fast.nodes = {
-            n: node.copy({"bound": teola.optimize(node.bound)}) if n in chains else node
-            for n, node in original.nodes.items()
-        }
-        fast._teola_chains = frozenset(chains)
+        chains = optimize_chains(original, backend, ray, engines)
+        fast.nodes = {n: node.copy({"bound": chains[n]}) if n in chains else node for n, node in original.nodes.items()}
+        fast._teola_chains = chains
     return fast
+
+
+def optimize_chains(
+    graph: Pregel, backend: str, ray: RayOptions | Mapping[str, Any] | None, engines: EngineOption
+) -> dict[str, TeolaRunnable[Any, Any]]:
+    """`teola.optimize` of every LCEL chain node, with the graph's options checked across them all."""
+    shared = SharedOptions(EngineChoices(engines), backend, ray)
+    options = {"backend": backend, **shared.part_options()}
+    chains: dict[str, TeolaRunnable[Any, Any]] = {}
+    try:
+        for name, node in graph.nodes.items():
+            if isinstance(node.bound, LCEL_CHAINS) and not node.subgraphs:
+                chains[name] = TeolaRunnable(node.bound, **options)
+        shared.check([chain.engine_set for chain in chains.values()])
+    except BaseException:
+        for chain in chains.values():
+            chain.close()
+        raise
+    return chains

@@ -108,3 +108,18 @@ def test_options_are_checked() -> None:
         teola.optimize(mixed(), model_concurrency=0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'policy'"):
         teola.optimize(mixed(), policy="fifo")
+    with pytest.raises(ValueError, match=r"optimize\(graph, backend=...\) applies to the graph's LCEL chain nodes"):
+        teola.optimize(mixed(), backend="reference")
+    with pytest.raises(ValueError, match="unknown backend 'dask'"):
+        teola.optimize(mixed(), runnable_nodes=True, backend="dask")
+
+
+def test_chain_options_reach_the_chain_nodes() -> None:
+    fast = teola.optimize(mixed(), runnable_nodes=True, backend="reference")
+    assert fast.chains["answer"].backend == "reference"
+    question = {"question": "how are you"}
+    assert fast.invoke(question) == fast.original.invoke(question)
+    assert "- answer: chain (RunnableParallel): traced by teola.optimize (LCEL); backend reference, engines: " in (
+        fast.explain()
+    )
+    fast.close()

@@ -8,8 +8,10 @@ import threading
 import pytest
 from ray_test_engines import DriverOnly, Embedder, StatefulLLM
 
+from teola_core.engines.choices import EngineChoices
 from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.runtime.backends import RuntimePerLoop, make_runtime
+from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import EngineOptions, RayOptions
 
 
@@ -84,3 +86,31 @@ def test_an_engine_that_does_not_pickle_is_named_with_the_way_out() -> None:
     unpicklable.lock = threading.Lock()  # as an open connection would: it does not pickle
     with pytest.raises(TypeError, match=r"engine 'emb' cannot be sent to a Ray actor: .*'in_driver': True"):
         RuntimePerLoop(EngineSet().add(unpicklable), "ray")
+
+
+def test_options_shared_by_the_parts_of_an_app_are_checked_for_the_app() -> None:
+    """Each part places the keys that match its engines; the app fails on a key no part matched."""
+    options = RayOptions.parse({"engines": {"emb": {"num_replicas": 2}, StatefulLLM: {"num_gpus": 1}}})
+    embeds, llms = EngineSet().add(Embedder()), EngineSet().add(StatefulLLM())
+    with pytest.raises(ValueError, match="names class StatefulLLM, which no engine of this app is"):
+        options.placements(embeds)
+    parts = options.for_parts()
+    assert parts.placements(embeds)["emb"] == EngineOptions(num_replicas=2)
+    assert parts.placements(llms)["llm"] == EngineOptions(num_gpus=1)
+    parts.check_keys([embeds, llms])
+    with pytest.raises(ValueError, match=r"names class StatefulLLM, which no engine of this app is \(emb\)"):
+        parts.check_keys([embeds, EngineSet()])
+    with pytest.raises(ValueError, match=r"engine 'framework' \(DriverOnly\) cannot run in a Ray actor"):
+        RayOptions.parse({"engines": {"framework": {}}}).for_parts().placements(engines())
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['partial'\]"):
+        RayOptions.parse({"partial": True})
+
+
+def test_a_part_of_a_part_leaves_the_check_to_the_apps_owner() -> None:
+    owner = SharedOptions(EngineChoices(None, {}), "ray", {"engines": {"emb": {}}})
+    part = SharedOptions(EngineChoices(owner.part_options()["engines"], {}), "ray", owner.part_options()["ray"])
+    part.check([EngineSet()])  # the key may be another part's
+    with pytest.raises(ValueError, match="engines names 'emb', which this app does not use"):
+        owner.check([EngineSet()])
+    owner.check([EngineSet(), engines()])
+    assert "ray" not in SharedOptions(EngineChoices(None, {}), "local", None).part_options()

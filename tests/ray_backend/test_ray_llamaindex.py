@@ -1,0 +1,100 @@
+"""LlamaIndex query engines on `backend="ray"` (llama-index-core 0.14): the same answers as plain.
+
+The engines over the app's own LlamaIndex objects stay in the driver (`driver_only`: they
+call them in each query's context); a Teola engine given with `engines=` runs in a Ray
+actor on the node its resources name. Before this, a drop-in placed its engines before it
+had traced any (every query failed: "no engine named 'retriever:...'").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.core", reason="the LlamaIndex drop-ins on Ray need llama-index-core")
+ray = pytest.importorskip("ray")
+
+from llamaindex_adapter.li_fakes import make_index, make_llm  # noqa: E402
+from ray_li_engines import IndexSearch  # noqa: E402
+
+import teola  # noqa: E402
+
+QUESTIONS = [f"{topic} {i}" for i, topic in enumerate(["cats at dusk", "wolves", "vector stores", "refine"] * 5)]
+RETRIEVER = "retriever:VectorIndexRetriever"
+
+
+@pytest.fixture
+def by_value(ray_cluster: Any) -> None:
+    """The test engine and the fakes it carries ship to the workers by value."""
+    import ray_li_engines
+    from llamaindex_adapter import li_fakes
+
+    for module in (ray_li_engines, li_fakes):
+        ray.cloudpickle.register_pickle_by_value(module)
+
+
+INDEX = make_index()
+
+
+def query_engine() -> Any:
+    return INDEX.as_query_engine(llm=make_llm(max_tokens=None), similarity_top_k=2)
+
+
+def answer(response: Any) -> tuple[str, list[tuple[str, float | None]]]:
+    """A response's text and its sources (node id, score)."""
+    return str(response), [(n.node.node_id, n.score) for n in response.source_nodes]
+
+
+def test_a_query_engine_on_its_own_components_answers_on_ray_as_plain(ray_cluster: Any) -> None:
+    """Every framework engine stays in the driver: nothing of the app's objects is copied to an actor."""
+    engine = query_engine()
+    for options in ({}, {"decompose": True}):
+        fast = teola.optimize(engine, backend="ray", **options)
+        try:
+            assert set(fast.where().values()) == {"driver"}
+            expected = [answer(engine.query(q)) for q in QUESTIONS]
+            assert [answer(fast.query(q)) for q in QUESTIONS] == expected
+        finally:
+            fast.close()
+
+
+@pytest.mark.usefixtures("by_value")
+def test_a_teola_engine_of_a_query_engine_runs_where_its_resources_say(resource_nodes: dict[str, str]) -> None:
+    engine = query_engine()
+    fast = teola.optimize(
+        engine,
+        backend="ray",
+        engines=[(engine.retriever, IndexSearch(INDEX, top_k=2))],
+        ray={"engines": {IndexSearch: {"resources": {"nodeB": 1}}}},
+    )
+    try:
+        expected = [answer(engine.query(q)) for q in QUESTIONS]
+
+        async def concurrently() -> list[Any]:
+            return [answer(r) for r in await asyncio.gather(*(fast.aquery(q) for q in QUESTIONS))]
+
+        assert asyncio.run(concurrently()) == expected  # async: the caller's loop
+        assert [answer(fast.query(q)) for q in QUESTIONS] == expected  # sync: the caller's thread
+        assert fast.where() == {RETRIEVER: "1 Ray actor(s), each CPU=1, nodeB=1"}
+        pool = fast.runtimes.placed.pools[RETRIEVER]
+        assert [i.node_id for i in pool.infos if i] == [resource_nodes["nodeB"]]
+        assert sum(pool.served) == 2 * len(QUESTIONS)  # every retrieval ran in that actor
+        assert f"{RETRIEVER} (1 Ray actor(s), each CPU=1, nodeB=1)" in fast.explain()
+    finally:
+        fast.close()
+
+
+def test_options_are_checked_against_what_was_traced() -> None:
+    engine = query_engine()
+    with pytest.raises(ValueError, match=rf"engine '{RETRIEVER}' \(LlamaIndexRetrieverEngine\) cannot run in a Ray"):
+        teola.optimize(engine, backend="ray", ray={"engines": {RETRIEVER: {"resources": {"nodeA": 1}}}})
+    with pytest.raises(ValueError, match=r"names 'retriever', which this app does not use \(its engines: retriever:"):
+        teola.optimize(engine, backend="ray", ray={"engines": {"retriever": {}}})
+    with pytest.raises(ValueError, match="engines= names components that no traced step runs on an engine"):
+        teola.optimize(engine, engines=[(make_llm(), IndexSearch(INDEX, top_k=2))])
+    with pytest.raises(ValueError, match="ray= options need backend='ray'"):
+        teola.optimize(engine, ray={})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'rays'"):
+        teola.optimize(engine, backend="ray", rays={})
