@@ -13,20 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from teola.cli_support import DefaultsFormatter, bounded_int, positive_float, working
+from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES, LANGGRAPH_EXAMPLES, LLAMAINDEX_EXAMPLES
 from teola_benchmarks.harness import CLOCKS, BenchResult, run_bench, simulated_engines, speedups
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
 from teola_benchmarks.workloads import WORKLOADS
-
-# The examples `--langchain` accepts (kept here so the parser needs no LangChain import).
-LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "rerank_rag", "assign_pipeline")
-# The apps `--llamaindex` accepts: QueryPipelines (`teola_benchmarks.llamaindex.examples`,
-# llama-index-core <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
-LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")
-# The graphs `--langgraph` accepts (`teola_examples.langgraph_<name>`).
-LANGGRAPH_EXAMPLES = ("rag", "map_reduce")
-
 
 T = TypeVar("T")
 

@@ -67,7 +67,6 @@ from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
-from teola_langchain.advice import measured, report, seconds
 from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
@@ -76,8 +75,10 @@ from teola_langchain.explain import mermaid, section
 from teola_langchain.keys import last_name
 from teola_langchain.learning import AsyncObserver, Observer, SpanLearner, observing
 from teola_langchain.patched import runs_own_code
+from teola_langchain.plan_report import measured, report, seconds
 from teola_langchain.steps import run_graph
-from teola_langchain.tracer import SubGraph, TracedChain, TraceSession
+from teola_langchain.traced import SubGraph, TracedChain
+from teola_langchain.tracer import TraceSession
 
 log = logging.getLogger("teola.langchain")
 
@@ -177,7 +178,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         self._engines = EngineRegistry(choices)
         self._given: Mapping[str, LatencyProfile] = profiles if isinstance(profiles, Mapping) else {}
         self._plan = self._first = self._make_plan(warn=warn)
-        if not _uses_engines(self._plan.traced):  # only engine calls' latencies can change a plan
+        if not self._plan.traced.uses_engines:  # only engine calls' latencies can change a plan
             self.learn_after = 0
         choices.check_used()
         self._replanning = threading.Lock()
@@ -610,12 +611,6 @@ def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
     return gains
 
 
-def _uses_engines(plan: TracedChain) -> bool:
-    """Whether any step runs on an engine (a model, an embedder, a store): the only steps whose
-    latencies a pass weighs, so a chain without them has nothing to learn."""
-    return any(n.engine is not None for sub in plan.graphs() for n in sub.graph.nodes.values())
-
-
 def _warms(node: Any, engines: EngineSet) -> bool:
     """A partial prefill on an engine that computes it (see `_what_pays`)."""
     if node.kind != PrimitiveKind.PARTIAL_PREFILL or node.engine is None:
@@ -673,11 +668,7 @@ def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyPr
 def optimize(runnable: Runnable[Any, Any] | Any, **options: Any) -> Runnable[Any, Any]:
     """Trace `runnable` (any LangChain runnable, or a dict of them) and return its drop-in.
 
-    A compiled LangGraph graph (a LangChain agent from `create_agent` included) goes to
-    `teola_langchain.langgraph`.
+    (`teola_langchain.optimize` and `teola.optimize` send LangGraph graphs to
+    `teola_langchain.langgraph` first.)
     """
-    if any(c.__module__.split(".")[0] == "langgraph" for c in type(runnable).__mro__):
-        from teola_langchain.langgraph import optimize as optimize_langgraph
-
-        return optimize_langgraph(runnable, **options)
     return TeolaRunnable(runnable, **options)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import uuid4
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
@@ -24,10 +24,8 @@ from langchain_core.runnables.config import ensure_config
 from teola_core.ir.errors import PrimitiveError
 from teola_langchain import runs
 from teola_langchain.context import OpenRun, QueryContext, StepRef
+from teola_langchain.traced import SubGraph
 from teola_langchain.values import MISSING
-
-if TYPE_CHECKING:
-    from teola_langchain.tracer import SubGraph
 
 ASSIGN_NOT_A_DICT = "The input to RunnablePassthrough.assign() must be a dict."
 

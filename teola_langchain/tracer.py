@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any
 
@@ -72,6 +72,7 @@ from teola_langchain.patched import runs_own_code
 from teola_langchain.prompts import describe, is_prompt
 from teola_langchain.retrievers import Decomposition, decompose
 from teola_langchain.slices import SlicedItems, list_slice, sliced_count
+from teola_langchain.traced import Blocked, SubGraph, TracedChain
 from teola_langchain.values import MISSING
 
 # An LLM's max_tokens when the model does not say: an estimate for scheduling only.
@@ -90,48 +91,6 @@ _KNOWN_LEAVES = (
 
 class OpaqueStepWarning(UserWarning):
     """A step Teola does not look into runs as one call: same results, no optimization inside."""
-
-
-@dataclass
-class SubGraph:
-    """One traced graph: `pgraph` as traced, `graph` what runs (the e-graph after passes)."""
-
-    name: str
-    pgraph: Graph
-    graph: Graph
-    passes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Blocked:
-    """A place where an optimization could apply but does not: the step, why, what would help."""
-
-    key: str
-    why: str
-    advice: str
-
-
-@dataclass
-class TracedChain:
-    """The result of tracing: the main graph, nested graphs (map bodies), what stayed opaque.
-
-    steps: the key of every step whose run time the plan uses, with what it is;
-    blocked: where decode pipelining could apply and does not.
-    """
-
-    main: SubGraph
-    subgraphs: list[SubGraph]
-    opaque: list[str]
-    steps: dict[str, StepInfo] = field(default_factory=dict)
-    blocked: list[Blocked] = field(default_factory=list)
-
-    def graphs(self) -> list[SubGraph]:
-        return [self.main, *self.subgraphs]
-
-    @property
-    def uses_engines(self) -> bool:
-        """Whether any graph runs a primitive on an engine (a model, an embedding, a search)."""
-        return any(n.engine is not None for g in self.graphs() for n in g.graph.nodes.values())
 
 
 @dataclass(frozen=True)

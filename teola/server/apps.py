@@ -4,7 +4,8 @@ The routes only know the `App` protocol: a name, an input schema (to map a reque
 the app's input), `ainvoke`/`astream`, and `attach`/`close` so the server can observe the
 app's runtime on its own event loop. `LangChainApp` implements it for LangChain runnables
 and `LlamaIndexApp` for LlamaIndex pipelines and query engines (each wrapped with
-`teola.optimize` unless already optimized); `wrap_app` picks by type. A LangChain app's
+`teola.optimize` unless already optimized), `LangGraphApp` for compiled LangGraph graphs;
+`wrap_app` picks by type. A LangChain app's
 failure names the step that raised it, as LangChain's own callbacks report it (`AppFailed`).
 
 Specs on the command line: `module:attr` (served as `attr`) or `name=module:attr`;
@@ -18,9 +19,9 @@ import sys
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, get_type_hints, is_typeddict, runtime_checkable
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, PydanticUserError, create_model
 
 from teola_core.runtime.base import Runtime, RuntimeHook
 from teola_core.runtime.local import LocalRuntime
@@ -182,6 +183,64 @@ class LlamaIndexApp(_OptimizedApp):
         yield await self.ainvoke(value)
 
 
+class LangGraphApp:
+    """A compiled LangGraph graph served through `teola.optimize(graph)` (LangGraph's own loop
+    runs it; Teola admits its model calls across requests). A request's input is the graph's
+    input state; the answer is the final state (as JSON), streamed as one chunk."""
+
+    def __init__(self, name: str, graph: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None) -> None:
+        from teola_langchain.langgraph import OptimizedGraph
+
+        self.name = name
+        if isinstance(graph, OptimizedGraph):
+            self.graph = graph
+        elif backend == "local" and ray is None:
+            import teola
+
+            self.graph = teola.optimize(graph)
+        else:  # Teola engines of a graph live in its LCEL chain nodes (see teola_langchain.langgraph)
+            self.graph = _optimize(graph, backend, ray, runnable_nodes=True)
+
+    def input_schema(self) -> type[BaseModel] | None:
+        try:
+            schema = self.graph.get_input_schema()
+        except PydanticUserError:  # a typing.TypedDict state on Python < 3.12: pydantic cannot read it
+            return _typed_dict_schema(self.graph)
+        return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+
+    async def ainvoke(self, value: Any) -> Any:
+        steps = failed_step_tracker()
+        try:
+            return await self.graph.ainvoke(value, config={"callbacks": [steps]})
+        except Exception as exc:
+            raise AppFailed(exc, steps.failed) from exc
+
+    async def astream(self, value: Any) -> AsyncIterator[Any]:
+        yield await self.ainvoke(value)
+
+    def attach(self, hook: RuntimeHook) -> None:
+        """Nothing to observe: the graph's steps run in LangGraph's loop, not on a Teola runtime."""
+
+    def queue_depths(self) -> dict[str, tuple[int, int]]:
+        return {}
+
+    async def close(self) -> None:
+        self.graph.close()
+
+
+def _typed_dict_schema(graph: Any) -> type[BaseModel] | None:
+    """The input fields of a `StateGraph` whose input state is a `typing.TypedDict` (values
+    not checked: the graph checks them as it runs)."""
+    from langgraph.graph.state import CompiledStateGraph
+
+    source = graph.builder.input_schema if isinstance(graph, CompiledStateGraph) else None
+    if not (isinstance(source, type) and is_typeddict(source)):
+        return None
+    required = source.__required_keys__
+    fields: dict[str, Any] = {key: (Any, ... if key in required else None) for key in get_type_hints(source)}
+    return create_model(f"{graph.get_name()}Input", **fields)
+
+
 class AppSpecError(ValueError):
     """An app spec that cannot be served; the message says what is wrong and what to do."""
 
@@ -226,6 +285,8 @@ def wrap_app(name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, A
         raise AppSpecError(
             f"app {name!r} is a {type(obj).__name__}; serving LangChain apps needs pip install 'teola[langchain]'"
         ) from exc
+    if any(c.__module__.split(".")[0] == "langgraph" for c in type(obj).__mro__):
+        return LangGraphApp(name, obj, backend=backend, ray=ray)
     if isinstance(obj, Runnable):
         return LangChainApp(name, obj, backend=backend, ray=ray)
     raise AppSpecError(

@@ -27,7 +27,7 @@ from langchain_core.runnables import Runnable
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
-from teola_benchmarks.cli import LANGCHAIN_EXAMPLES as EXAMPLES
+from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 

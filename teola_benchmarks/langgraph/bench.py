@@ -26,7 +26,7 @@ import httpx
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
-from teola_benchmarks.cli import LANGGRAPH_EXAMPLES as EXAMPLES
+from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.langchain.bench import AnswerMismatch, _closed_loop
 

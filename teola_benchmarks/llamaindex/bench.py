@@ -20,7 +20,7 @@ import httpx
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
-from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
+from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM

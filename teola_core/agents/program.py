@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from teola_core.agents.host import ProgramHost
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.graph import Graph, GraphEditor
 from teola_core.ir.kinds import PrimitiveKind
@@ -30,7 +31,6 @@ from teola_core.ir.types import PortType
 
 if TYPE_CHECKING:
     from teola_core.agents.admission import ProgramAdmission
-    from teola_core.agents.runtime import AgentRuntime
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class ProgramStats:
 class Program:
     """One agent run. Make it with `AgentRuntime.program()`; call `finish()` at the end."""
 
-    runtime: AgentRuntime
+    runtime: ProgramHost
     id: str
     started: float
     rank: int = 0  # order of start among the runtime's programs
@@ -233,7 +233,7 @@ class Program:
         if self.runtime.features.kv_retention:
             self.runtime.discard_private_kv(self)
         self._drop_compaction()
-        self.runtime._forget(self)
+        self.runtime.forget(self)
 
     def graph(self) -> Graph:
         """The program's e-graph so far: every step's graph, chained in the order they ran."""

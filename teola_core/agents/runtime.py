@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
 from itertools import count
 from typing import Any, Literal
 
 from teola_core.agents.admission import ProgramAdmission
+from teola_core.agents.host import AgentFeatures
 from teola_core.agents.program import Program
 from teola_core.agents.tool_cache import ToolResultCache
 from teola_core.agents.ttl import ToolDurations
@@ -51,31 +51,6 @@ from teola_core.passes import PassManager, default_passes
 from teola_core.passes.base import Pass, PassContext
 from teola_core.runtime.base import PrimitiveSpan
 from teola_core.runtime.local import LocalRuntime
-
-
-@dataclass(frozen=True)
-class AgentFeatures:
-    """What the agent runtime does beyond running the calls (all on by default)."""
-
-    kv_retention: bool = True
-    priority: bool = True
-    tool_cache: bool = True
-    compaction: bool = True
-    admission: bool = True
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def none(cls) -> AgentFeatures:
-        return cls(**dict.fromkeys(cls.names(), False))
-
-    @classmethod
-    def only(cls, name: str) -> AgentFeatures:
-        if name not in cls.names():
-            raise ValueError(f"unknown agent feature {name!r} (known: {', '.join(cls.names())})")
-        return replace(cls.none(), **{name: True})
 
 
 class QueueDelay:
@@ -207,7 +182,8 @@ class AgentRuntime:
             program.finish()
         await self.runtime.close()
 
-    def _forget(self, program: Program) -> None:
+    def forget(self, program: Program) -> None:
+        """A finished program leaves the runtime's records and every admission queue."""
         if self._programs.get(program.id) is program:
             del self._programs[program.id]
             for admission in self._admissions.values():

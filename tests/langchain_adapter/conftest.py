@@ -1,6 +1,5 @@
-"""LangChain adapter tests: skipped as a whole when langchain-core is not installed."""
+"""LangChain adapter tests: skipped as a whole (with the reason) when langchain-core is not installed."""
 
-import importlib.util
+from unavailable import skip_unless
 
-if importlib.util.find_spec("langchain_core") is None:
-    collect_ignore_glob = ["test_*.py"]
+pytest_pycollect_makemodule = skip_unless(["langchain_core"], "pip install 'teola[langchain]'")

@@ -1,6 +1,5 @@
-"""LangGraph tests: skipped as a whole when langgraph is not installed."""
+"""LangGraph tests: skipped as a whole (with the reason) when langgraph is not installed."""
 
-import importlib.util
+from unavailable import skip_unless
 
-if importlib.util.find_spec("langgraph") is None:
-    collect_ignore_glob = ["test_*.py"]
+pytest_pycollect_makemodule = skip_unless(["langgraph"], "pip install 'teola[langchain]'")

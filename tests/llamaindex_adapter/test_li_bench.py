@@ -67,7 +67,7 @@ def test_bench_fusion_rag_answers_agree_with_the_generation_streamed() -> None:
 
 
 def test_the_cli_lists_exactly_the_example_pipelines_and_query_engines() -> None:
-    from teola_benchmarks.cli import LLAMAINDEX_EXAMPLES
+    from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
     from teola_benchmarks.llamaindex.examples import EXAMPLES
     from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
 

@@ -6,15 +6,15 @@ or langchain-core is missing.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from unavailable import skip_unless
 
-_NEEDED = ("fastapi", "uvicorn", "openai", "prometheus_client", "langchain_core", "httpx")
-if any(importlib.util.find_spec(m) is None for m in _NEEDED):
-    collect_ignore_glob = ["test_*.py"]
+pytest_pycollect_makemodule = skip_unless(
+    ("fastapi", "uvicorn", "openai", "prometheus_client", "langchain_core", "httpx"), "pip install 'teola[serve,dev]'"
+)
 
 
 @pytest.fixture(scope="module")
