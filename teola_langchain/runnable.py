@@ -41,7 +41,6 @@ import itertools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -65,8 +64,8 @@ from teola_core.ir.kinds import PrimitiveKind
 from teola_core.profiles.learning import LatencyBook, differs, merged
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
-from teola_core.runtime.base import Runtime, RuntimeHook
-from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.base import RuntimeHook
+from teola_core.runtime.dropin import DropInBase
 from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
@@ -107,7 +106,7 @@ class Plan:
     given: frozenset[str] = frozenset()  # the keys of the given profiles (the engines' own included)
 
 
-class TeolaRunnable(Runnable[Input, Output]):
+class TeolaRunnable(DropInBase, Runnable[Input, Output]):
     """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
 
     Options:
@@ -188,11 +187,10 @@ class TeolaRunnable(Runnable[Input, Output]):
         self._clock = time.perf_counter  # what observations are timed with (tests give a virtual clock)
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
         learner = (SpanLearner(self.learned),) if self._learning() else ()
-        self._runtimes = RuntimePerLoop(
+        self.runtimes = RuntimePerLoop(
             self._engines.engines, backend, policy, (*hooks, *learner), ray=ray, timeouts=timeout
         )
-        self._thread = LoopThread(f"teola:{self.name}")
-        self._finalizer = weakref.finalize(self, self._thread.close)
+        self.start_sync_thread(f"teola:{self.name}")
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)
 
     # -- the plan --------------------------------------------------------------------
@@ -365,34 +363,11 @@ class TeolaRunnable(Runnable[Input, Output]):
             lines.append(f"- {key}: {info.what}, {how}{items}")
         return "\n".join(lines) or "- none"
 
-    def close(self) -> None:
-        """Stop the event-loop thread of the sync methods and any Ray actors (both restart if used again)."""
-        self._thread.close()
-        self._runtimes.close()
-
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        """The names of the engines the traced chain runs on."""
-        return self._runtimes.engine_names
-
-    @property
-    def engine_set(self) -> EngineSet:
-        """The engines the traced chain runs on (as traced: before any Ray placement)."""
-        return self._engines.engines
-
-    def where(self) -> dict[str, str]:
-        """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
-        return self._runtimes.where()
-
-    def runtime_for_current_loop(self) -> Runtime:
-        """The runtime that serves async calls made on the running event loop."""
-        return self._runtimes.current()
-
     # -- execution -------------------------------------------------------------------
     async def _execute(
         self, plan: Plan, value: Any, config: RunnableConfig, sync: bool, caller: contextvars.Context
     ) -> Any:
-        ctx = QueryContext(uuid4().hex, config, sync, caller, self._runtimes.current())
+        ctx = QueryContext(uuid4().hex, config, sync, caller, self.runtimes.current())
         return await run_graph(plan.traced.main, value, ctx)
 
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
@@ -402,7 +377,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             self.calls_on_graph += 1
             config = ensure_config(config)
             caller = contextvars.copy_context()
-            return self._thread.run(self._execute(plan, input, config, True, caller))
+            return self.sync_thread.run(self._execute(plan, input, config, True, caller))
 
     async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         with self._calling(asynchronous=True) as plan:
@@ -431,7 +406,7 @@ class TeolaRunnable(Runnable[Input, Output]):
             caller = contextvars.copy_context()
             roots = self._open_roots(inputs, configs) if self._batches_as_sequence else None
             gathered = self._gather(plan, inputs, configs, True, caller, roots, return_exceptions)
-            results, raised = self._thread.run(gathered)
+            results, raised = self.sync_thread.run(gathered)
             return self._batch_results(results, raised, roots)
 
     async def abatch(
@@ -493,7 +468,7 @@ class TeolaRunnable(Runnable[Input, Output]):
         limit = configs[0].get("max_concurrency")
         semaphore = asyncio.Semaphore(limit) if limit else None
         group = BatchGroup(len(inputs), return_exceptions) if roots is not None else None
-        runtime = self._runtimes.current()
+        runtime = self.runtimes.current()
         contexts = [
             QueryContext(
                 uuid4().hex,

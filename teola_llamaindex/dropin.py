@@ -32,7 +32,7 @@ from teola_core.ir.graph import Graph
 from teola_core.passes import run_passes
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import DEFAULT_BACKEND, RuntimePerLoop, check_backend
-from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.dropin import DropInBase
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
 from teola_llamaindex.common import unwrap_error
@@ -43,7 +43,7 @@ from teola_llamaindex.scope import CallerLoop, CallerThread, QueryContext
 T = TypeVar("T")
 
 
-class LlamaIndexDropIn:
+class LlamaIndexDropIn(DropInBase):
     """The plumbing of a drop-in (see the module docstring); subclasses trace and call.
 
     Options: backend ("local", scheduled and batching; "ray", engines in Ray actors; or
@@ -81,8 +81,7 @@ class LlamaIndexDropIn:
         self._shared = SharedOptions(engine_choices(engines), backend, ray)
         self._engines = EngineRegistry(self._shared.choices, warm_prefix=warm_prefix)
         self._runtimes: RuntimePerLoop | None = None
-        self._thread = LoopThread(f"teola:{type(original).__name__}")
-        self._finalizer = weakref.finalize(self, self._thread.close)
+        self.start_sync_thread(f"teola:{type(original).__name__}")
         self._ids = itertools.count()
 
     def __getattr__(self, name: str) -> Any:
@@ -101,11 +100,6 @@ class LlamaIndexDropIn:
         self._runtimes = RuntimePerLoop(self._engines.engines, self.backend, self.policy, ray=self._shared.ray)
 
     # -- the shared surface ---------------------------------------------------------------
-    def close(self) -> None:
-        """Stop the event-loop thread of the sync methods and the Ray actors (both restart if used again)."""
-        self._thread.close()
-        self.runtimes.close()
-
     @property
     def runtimes(self) -> RuntimePerLoop:
         """The runtimes of the traced object (one per event loop; its engines' placement)."""
@@ -115,21 +109,8 @@ class LlamaIndexDropIn:
 
     @property
     def engine_set(self) -> EngineSet:
-        """The engines the traced object runs on (as traced: before any Ray placement)."""
+        """The engines the traced object runs on (as traced: known before they are placed)."""
         return self._engines.engines
-
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        """The names of the engines the traced object runs on."""
-        return self.runtimes.engine_names
-
-    def where(self) -> dict[str, str]:
-        """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
-        return self.runtimes.where()
-
-    def runtime_for_current_loop(self) -> Any:
-        """The runtime serving async calls on the running event loop (one per loop)."""
-        return self.runtimes.current()
 
     def explain_graphs(self, pgraph: Graph, graph: Graph, passes: list[str]) -> list[str]:
         """The engines, prefix warm-ups, passes, p-graph and e-graph, as `explain()` lines."""
@@ -170,7 +151,7 @@ class LlamaIndexDropIn:
             loop = CallerLoop()
             return loop.drive(_awaited(work(QueryContext(sync=True, caller=loop))))
         caller = CallerThread()
-        return caller.serve(self._thread.submit(_awaited(work(QueryContext(sync=True, caller=caller)))))
+        return caller.serve(self.sync_thread.submit(_awaited(work(QueryContext(sync=True, caller=caller)))))
 
     def call_opaque(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` (the original's sync method) as the one step of a graph."""

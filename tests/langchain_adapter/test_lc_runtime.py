@@ -71,7 +71,7 @@ def test_a_sync_call_on_a_thread_running_a_loop_runs_as_langchain_runs_it() -> N
     async def reenter() -> Any:
         return fast.invoke({"topic": "cats"}), fast.batch([{"topic": "dogs"}])  # no hand-off that blocks this loop
 
-    assert fast._thread.run(reenter()) == (chain().invoke({"topic": "cats"}), chain().batch([{"topic": "dogs"}]))
+    assert fast.sync_thread.run(reenter()) == (chain().invoke({"topic": "cats"}), chain().batch([{"topic": "dogs"}]))
     assert fast.calls_on_graph == 0
     fast.close()
 
@@ -150,7 +150,7 @@ def test_callbacks_tags_and_metadata_reach_the_run_and_the_model(method: str) ->
 
 def test_two_optimized_runnables_share_nothing() -> None:
     a, b = optimize(chain()), optimize(chain())
-    assert a._thread is not b._thread and a._engines is not b._engines
+    assert a.sync_thread is not b.sync_thread and a._engines is not b._engines
     assert a.invoke({"topic": "x"}) == b.invoke({"topic": "x"})
     a.close()
     assert b.invoke({"topic": "y"}) == chain().invoke({"topic": "y"})  # b is unaffected

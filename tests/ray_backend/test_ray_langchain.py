@@ -68,7 +68,7 @@ def test_a_chain_answers_on_ray_as_plain_with_its_callbacks(ray_cluster: Any) ->
         assert fast.batch(QUESTIONS, {"callbacks": [optimized]}) == expected  # sync: its own loop
         assert asyncio.run(fast.abatch(QUESTIONS)) == expected  # async: the caller's loop
         assert optimized.starts == plain.starts == len(QUESTIONS)
-        assert set(fast._runtimes.where().values()) == {"driver"}  # only the user's model: nothing to place
+        assert set(fast.runtimes.where().values()) == {"driver"}  # only the user's model: nothing to place
     finally:
         fast.close()
 
@@ -78,11 +78,11 @@ def test_a_rag_chain_on_its_own_components_answers_on_ray_as_plain(ray_cluster: 
     chain = rag_chain(make_store())
     fast = teola.optimize(chain, backend="ray")
     try:
-        assert set(fast._runtimes.where().values()) == {"driver"}
+        assert set(fast.runtimes.where().values()) == {"driver"}
         assert asyncio.run(fast.abatch(QUESTIONS)) == chain.batch(QUESTIONS)
     finally:
         fast.close()
-        fast._runtimes.close()
+        fast.runtimes.close()
 
 
 def test_teola_engines_of_a_chain_run_in_actors_and_its_model_in_the_driver(lc_engines: Any) -> None:
@@ -92,13 +92,13 @@ def test_teola_engines_of_a_chain_run_in_actors_and_its_model_in_the_driver(lc_e
     fast = teola.optimize(chain, backend="ray", engines=[(store.embeddings, embedder), (store, searcher)])
     try:
         assert asyncio.run(fast.abatch(QUESTIONS)) == chain.batch(QUESTIONS)
-        where = fast._runtimes.where()
+        where = fast.runtimes.where()
         assert where["llm:EchoChat"] == "driver"
         assert where["embed:DeterministicFakeEmbedding"] == where["vectordb:InMemoryVectorStore"]
         assert where["vectordb:InMemoryVectorStore"] == "1 Ray actor(s), each CPU=1"
     finally:
         fast.close()
-        fast._runtimes.close()
+        fast.runtimes.close()
 
 
 def test_optimize_places_a_chains_engines_by_resource(lc_engines: Any, resource_nodes: dict[str, str]) -> None:
@@ -116,9 +116,9 @@ def test_optimize_places_a_chains_engines_by_resource(lc_engines: Any, resource_
     )
     try:
         assert asyncio.run(fast.abatch(QUESTIONS)) == chain.batch(QUESTIONS)
-        pools = fast._runtimes.placed.pools
+        pools = fast.runtimes.placed.pools
         assert {i.node_id for i in pools["embed:DeterministicFakeEmbedding"].infos if i} == {resource_nodes["nodeA"]}
         assert {i.node_id for i in pools["vectordb:InMemoryVectorStore"].infos if i} == {resource_nodes["nodeB"]}
     finally:
         fast.close()
-        fast._runtimes.close()
+        fast.runtimes.close()

@@ -91,7 +91,7 @@ def test_a_graphs_chain_engines_run_where_their_resources_say(resource_nodes: di
             EMBED: "1 Ray actor(s), each CPU=1, nodeA=1",
             SEARCH: "1 Ray actor(s), each CPU=1, nodeB=1",
         }
-        pools = chain._runtimes.placed.pools
+        pools = chain.runtimes.placed.pools
         for engine, node in ((EMBED, "nodeA"), (SEARCH, "nodeB")):
             assert [i.node_id for i in pools[engine].infos if i] == [resource_nodes[node]]
             assert sum(pools[engine].served) == 2 * len(QUESTIONS)  # every query's call ran in that actor

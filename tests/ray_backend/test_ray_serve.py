@@ -50,10 +50,10 @@ def test_a_served_chain_with_engines_in_actors_answers_as_plain(ray_cluster: Any
             for question in ("cats and dogs", "rivers"):
                 reply = client.chat.completions.create(model="rag", messages=[{"role": "user", "content": question}])
                 assert reply.choices[0].message.content == chain.invoke(question)
-        assert fast._runtimes.where()["vectordb:InMemoryVectorStore"].startswith("1 Ray actor(s)")
+        assert fast.runtimes.where()["vectordb:InMemoryVectorStore"].startswith("1 Ray actor(s)")
     finally:
         fast.close()
-        fast._runtimes.close()
+        fast.runtimes.close()
 
 
 def test_the_ray_address_reaches_optimize(monkeypatch: pytest.MonkeyPatch) -> None:
