@@ -14,6 +14,7 @@ from rich.table import Table
 
 from teola.cli_support import DefaultsFormatter, bounded_int, positive_float, working
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES, LANGGRAPH_EXAMPLES, LLAMAINDEX_EXAMPLES
+from teola_benchmarks.framework_result import FrameworkBenchResult
 from teola_benchmarks.harness import CLOCKS, BenchResult, run_bench, simulated_engines, speedups
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
@@ -281,9 +282,7 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
                 f"{overhead.teola_s * 1e3:.2f} ms (teola) on zero-latency fakes: {overhead.ratio:.2f}x"
             )
         return 0
-    time_scale = 0.5 if args.time_scale is None else args.time_scale
-    if time_scale <= 0:
-        raise SystemExit("teola bench: --time-scale must be > 0 (use --overhead for zero-latency fakes)")
+    time_scale = _app_time_scale(args, " (use --overhead for zero-latency fakes)")
     with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
         result = bench_langchain(
             args.langchain,
@@ -292,10 +291,23 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
             time_scale=time_scale,
             batching=args.batching,
         )
+    return _report_app(args, result, result.example)
+
+
+def _app_time_scale(args: argparse.Namespace, hint: str = "") -> float:
+    """An app bench's time scale (0.5 unless given), which must be > 0."""
+    time_scale = 0.5 if args.time_scale is None else args.time_scale
+    if time_scale <= 0:
+        raise SystemExit(f"teola bench: --time-scale must be > 0{hint}")
+    return time_scale
+
+
+def _report_app(args: argparse.Namespace, result: FrameworkBenchResult, title: str) -> int:
+    """An app bench's result: one JSON object with --json, else its table."""
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
-    Console().print(result.table(result.example))
+    Console().print(result.table(title))
     return 0
 
 
@@ -305,9 +317,7 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
 
     if args.overhead:
         raise SystemExit("teola bench: --overhead is not available with --llamaindex")
-    time_scale = 0.5 if args.time_scale is None else args.time_scale
-    if time_scale <= 0:
-        raise SystemExit("teola bench: --time-scale must be > 0")
+    time_scale = _app_time_scale(args)
     with working(f"{args.llamaindex}: LlamaIndex vs teola.optimize on simulated servers"):
         result = bench_llamaindex(
             args.llamaindex,
@@ -316,11 +326,7 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
             time_scale=time_scale,
             batching=args.batching,
         )
-    if args.json:
-        print(json.dumps(result.to_json()))
-        return 0
-    Console().print(result.table(f"{result.example} (LlamaIndex)"))
-    return 0
+    return _report_app(args, result, f"{result.example} (LlamaIndex)")
 
 
 def run_langgraph_bench(args: argparse.Namespace) -> int:
@@ -329,9 +335,7 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
 
     if args.overhead:
         raise SystemExit("teola bench: --overhead is not available with --langgraph")
-    time_scale = 0.5 if args.time_scale is None else args.time_scale
-    if time_scale <= 0:
-        raise SystemExit("teola bench: --time-scale must be > 0")
+    time_scale = _app_time_scale(args)
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise SystemExit("teola bench: --max-num-seqs must be >= 1")
     with working(f"{args.langgraph}: LangGraph vs teola.optimize on simulated servers"):
@@ -343,12 +347,8 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
             batching=args.batching,
             max_num_seqs=args.max_num_seqs,
         )
-    if args.json:
-        print(json.dumps(result.to_json()))
-        return 0
     bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
-    Console().print(result.table(f"{result.example} (LangGraph{bound})"))
-    return 0
+    return _report_app(args, result, f"{result.example} (LangGraph{bound})")
 
 
 def run_agents_bench(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ the same simulated servers and the same inputs; latencies are per query, by syst
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,3 +66,27 @@ class FrameworkBenchResult:
             ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
             table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
         return table
+
+
+class AnswerMismatch(AssertionError):
+    """A system's answer differs from the framework's own for the same input."""
+
+
+def check_equal(example: str, inputs: Sequence[Any], answers: dict[str, list[Any]], reference: str) -> None:
+    """Every system's answers equal `reference`'s, input by input (else `AnswerMismatch`)."""
+    for name, got in answers.items():
+        for x, want, have in zip(inputs, answers[reference], got, strict=True):
+            if want != have:
+                raise AnswerMismatch(
+                    f"{example}: {name} answered {have!r} where {reference} answered {want!r} for {x!r}"
+                )
+
+
+def server_figures(backend: Any, alone: dict[str, float]) -> dict[str, Any]:
+    """What the simulated servers (`SimServers.backend`) did in a run, and each system's one query alone."""
+    return {
+        "requests": dict(backend.requests),
+        "embed_batches": len(backend.embed_batch_sizes),
+        "llm_steps": backend.llm.stats.steps,
+        "alone_s": alone,
+    }

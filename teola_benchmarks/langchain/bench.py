@@ -28,14 +28,10 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
-from teola_benchmarks.framework_result import FrameworkBenchResult
+from teola_benchmarks.framework_result import AnswerMismatch, FrameworkBenchResult, check_equal, server_figures
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
-
-
-class AnswerMismatch(AssertionError):
-    """A system's answer differs from LangChain's for the same input."""
 
 
 def example_module(name: str) -> ModuleType:
@@ -82,14 +78,8 @@ def bench_langchain(
             )
         finally:
             fast.close()
-    b = servers.backend
-    _check_equal(example, measured, answers)
-    server = {
-        "requests": dict(b.requests),
-        "embed_batches": len(b.embed_batch_sizes),
-        "llm_steps": b.llm.stats.steps,
-        "alone_s": alone,
-    }
+    check_equal(example, measured, answers, "langchain")
+    server = server_figures(servers.backend, alone)
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
@@ -164,14 +154,6 @@ async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: in
         outputs.extend(await runnable.abatch(chunk))
         latencies.extend([time.perf_counter() - began] * len(chunk))
     return latencies, outputs
-
-
-def _check_equal(example: str, inputs: Sequence[Any], answers: dict[str, list[Any]]) -> None:
-    reference = answers["langchain"]
-    for name, got in answers.items():
-        for x, want, have in zip(inputs, reference, got, strict=True):
-            if want != have:
-                raise AnswerMismatch(f"{example}: {name} answered {have!r} where langchain answered {want!r} for {x!r}")
 
 
 @dataclass(frozen=True)

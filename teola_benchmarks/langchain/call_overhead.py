@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import teola
-from teola_benchmarks.langchain.bench import AnswerMismatch
+from teola_benchmarks.framework_result import AnswerMismatch
 
 METHODS = ("invoke", "ainvoke", "batch", "abatch")
 BATCH = 4  # inputs per batch/abatch call

@@ -27,8 +27,8 @@ import httpx
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
-from teola_benchmarks.framework_result import FrameworkBenchResult
-from teola_benchmarks.langchain.bench import AnswerMismatch, _closed_loop
+from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
+from teola_benchmarks.langchain.bench import _closed_loop
 
 SYSTEMS = ("langgraph", "teola")
 
@@ -69,7 +69,8 @@ def bench_langgraph(
             latencies, outputs, alone = asyncio.run(_measure(graph, fast, inputs[0], inputs[1:], concurrency, servers))
         finally:
             fast.close()
-    _check_equal(example, inputs[1:], {name: [module.answer(o) for o in outs] for name, outs in outputs.items()})
+    answers = {name: [module.answer(o) for o in outs] for name, outs in outputs.items()}
+    check_equal(example, inputs[1:], answers, "langgraph")
     b = servers.backend
     server = {
         "requests": dict(b.requests),
@@ -101,9 +102,3 @@ async def _measure(
             await reset()
             latencies[name], outputs[name] = await _closed_loop(system, inputs, concurrency)
     return latencies, outputs, alone
-
-
-def _check_equal(example: str, inputs: Sequence[Any], answers: dict[str, list[Any]]) -> None:
-    for x, want, got in zip(inputs, answers["langgraph"], answers["teola"], strict=True):
-        if want != got:
-            raise AnswerMismatch(f"{example}: teola answered {got!r} where langgraph answered {want!r} for {x!r}")

@@ -21,7 +21,7 @@ import httpx
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
-from teola_benchmarks.framework_result import FrameworkBenchResult
+from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal, server_figures
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
 from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
@@ -30,10 +30,6 @@ SYSTEMS = ("llamaindex", "teola")
 
 Ask = Callable[[Any, str], Awaitable[Any]]
 """One question to an app, through the app's own async API."""
-
-
-class AnswerMismatch(AssertionError):
-    """Teola's answer differs from LlamaIndex's for the same question."""
 
 
 def bench_llamaindex(
@@ -62,14 +58,8 @@ def bench_llamaindex(
             )
         finally:
             fast.close()
-    b = servers.backend
-    _check_equal(example, measured, answers)
-    server = {
-        "requests": dict(b.requests),
-        "embed_batches": len(b.embed_batch_sizes),
-        "llm_steps": b.llm.stats.steps,
-        "alone_s": alone,
-    }
+    check_equal(example, measured, answers, "llamaindex")
+    server = server_figures(servers.backend, alone)
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
@@ -132,13 +122,3 @@ async def closed_loop(
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
     return latencies, outputs
-
-
-def _check_equal(example: str, inputs: Sequence[str], answers: dict[str, list[Any]]) -> None:
-    reference = answers["llamaindex"]
-    for name, got in answers.items():
-        for x, want, have in zip(inputs, reference, got, strict=True):
-            if want != have:
-                raise AnswerMismatch(
-                    f"{example}: {name} answered {have!r} where llamaindex answered {want!r} for {x!r}"
-                )

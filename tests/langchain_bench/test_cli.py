@@ -7,7 +7,8 @@ import json
 import pytest
 
 from teola.cli import main
-from teola_benchmarks.langchain.bench import SYSTEMS, AnswerMismatch, _check_equal
+from teola_benchmarks.framework_result import AnswerMismatch, check_equal
+from teola_benchmarks.langchain.bench import SYSTEMS
 
 
 def test_langchain_bench_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,7 +47,7 @@ def test_langchain_overhead_json_shape(capsys: pytest.CaptureFixture[str]) -> No
 def test_unequal_answers_raise() -> None:
     answers = {"langchain": ["a", "b"], "langchain_abatch": ["a", "b"], "teola": ["a", "c"]}
     with pytest.raises(AnswerMismatch, match="teola answered 'c'"):
-        _check_equal("x", [{"q": 1}, {"q": 2}], answers)
+        check_equal("x", [{"q": 1}, {"q": 2}], answers, "langchain")
 
 
 def test_unknown_example_is_refused() -> None:
