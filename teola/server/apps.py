@@ -15,6 +15,7 @@ Specs on the command line: `module:attr` (served as `attr`) or `name=module:attr
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,21 @@ class App(Protocol):
 
     async def close(self) -> None:
         """Release what the app holds for the server's loop."""
+
+
+_APP_METHODS = ("input_schema", "ainvoke", "astream", "attach", "queue_depths", "close")
+
+
+def is_app(obj: Any) -> bool:
+    """Whether `obj` already implements `App`, read from its class without running anything.
+
+    Not `isinstance(obj, App)`: on Python 3.11 that reads every protocol member from the
+    instance, in an order set by the hash seed, and a LangChain runnable's `input_schema`
+    is a property that builds a pydantic model, which raises for a graph whose state is a
+    `typing.TypedDict`. So serving such a graph failed in some processes and not others.
+    """
+    members = (inspect.getattr_static(type(obj), method, None) for method in _APP_METHODS)
+    return all(callable(member) for member in members) and isinstance(getattr(obj, "name", None), str)
 
 
 class AppFailed(Exception):
@@ -275,7 +291,7 @@ def _optimize(obj: Any, backend: str, ray: Mapping[str, Any] | None, **options: 
 
 def wrap_app(name: str, obj: Any, *, backend: str = "local", ray: Mapping[str, Any] | None = None) -> App:
     """The `App` for a loaded object: already an App, or a LangChain runnable."""
-    if isinstance(obj, App):
+    if is_app(obj):
         return obj
     if type(obj).__module__.split(".")[0] in ("llama_index", "teola_llamaindex"):
         return LlamaIndexApp(name, obj, backend=backend, ray=ray)

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel
 
 from teola.cli import main
-from teola.server.apps import App, AppSpec, LangChainApp, load_apps
+from teola.server.apps import AppSpec, LangChainApp, is_app, load_apps, wrap_app
 from teola.server.errors import APIError
 from teola.server.inputs import to_app_input
 
@@ -20,13 +20,30 @@ def test_app_spec_names() -> None:
 
 def test_load_apps_wraps_runnables_and_rejects_duplicates() -> None:
     (app,) = load_apps(["server_fakes:chain"])
-    assert isinstance(app, LangChainApp) and isinstance(app, App) and app.name == "chain"
+    assert isinstance(app, LangChainApp) and is_app(app) and app.name == "chain"
     assert app.runnable.invoke({"question": "hi"}) == app.runnable.original.invoke({"question": "hi"})
     app.runnable.close()
     with pytest.raises(ValueError, match="two apps are named"):
         load_apps(["server_fakes:chain", "server_fakes:chain"])
     with pytest.raises(ValueError, match="no attribute"):
         load_apps(["server_fakes:missing"])
+
+
+def test_telling_an_app_from_a_runnable_reads_no_property() -> None:
+    """A runnable whose `input_schema` raises (a LangGraph graph with a `typing.TypedDict`
+    state on Python 3.11 does) is still served: recognising an `App` must not read it."""
+    from langchain_core.runnables import RunnableLambda
+
+    class Unreadable(RunnableLambda):
+        @property
+        def input_schema(self) -> type[BaseModel]:
+            raise RuntimeError("building the input schema failed")
+
+    runnable = Unreadable(lambda question: question.upper())
+    assert not is_app(runnable)
+    app = wrap_app("shout", runnable)
+    assert isinstance(app, LangChainApp)
+    app.runnable.close()
 
 
 class Two(BaseModel):
