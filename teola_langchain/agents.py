@@ -88,6 +88,7 @@ from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.per_loop import PerLoop
 from teola_langchain.summarization import (
     SummaryAhead,
     find_summarization,
@@ -345,8 +346,7 @@ class OptimizedAgent(Runnable[Any, Any]):
         self.on_program = on_program
         self.engine_name = f"llm:{self.name}"
         self.engines = EngineSet().add(AgentModelEngine(self.engine_name, model_concurrency))
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AgentRuntime] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._runtimes: PerLoop[AgentRuntime] = PerLoop()
         self._thread = LoopThread(f"teola-agent:{self.name}")
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._finalizer = weakref.finalize(self, self._thread.close)
@@ -381,18 +381,14 @@ class OptimizedAgent(Runnable[Any, Any]):
 
     def runtime_for_current_loop(self) -> AgentRuntime:
         """The agent runtime serving runs on the running event loop (made on first use)."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
-                self._runtimes[loop] = runtime
-            return runtime
+        return self._runtimes.current(self._new_runtime)
+
+    def _new_runtime(self) -> AgentRuntime:
+        return AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
 
     def agent_runtimes(self) -> list[AgentRuntime]:
         """The agent runtimes of the loops this agent has run on (its own sync loop included)."""
-        with self._lock:
-            return list(self._runtimes.values())
+        return self._runtimes.values()
 
     def close(self) -> None:
         """Close the sync methods' agent runtime and stop their loop thread (both restart if used again)."""
@@ -402,8 +398,7 @@ class OptimizedAgent(Runnable[Any, Any]):
         self._thread.close()
 
     async def _aclose_here(self) -> None:
-        with self._lock:
-            runtime = self._runtimes.pop(asyncio.get_running_loop(), None)
+        runtime = self._runtimes.pop_current()
         if runtime is not None:
             await runtime.close()
 

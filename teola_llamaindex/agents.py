@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.base import RuntimeHook
+from teola_core.runtime.per_loop import PerLoop
 from teola_llamaindex.common import unwrap_error
 
 DEFAULT_MAX_TOKENS = 256
@@ -154,9 +154,7 @@ class TeolaAgent:
             "teola_agent_program", default=None
         )
         self._programs: weakref.WeakKeyDictionary[Any, Program] = weakref.WeakKeyDictionary()
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AgentRuntime] = weakref.WeakKeyDictionary()
-        self._hooks: list[RuntimeHook] = []
-        self._lock = threading.Lock()
+        self._runtimes: PerLoop[AgentRuntime] = PerLoop()
         self._runs = itertools.count()
 
     # -- the call surface ------------------------------------------------------------
@@ -185,27 +183,18 @@ class TeolaAgent:
 
     def runtime(self) -> AgentRuntime:
         """The agent runtime of the running event loop (made on first use)."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
-                for hook in self._hooks:
-                    runtime.runtime.add_hook(hook)
-                self._runtimes[loop] = runtime
-            return runtime
+        return self._runtimes.current(self._new_runtime)
+
+    def _new_runtime(self) -> AgentRuntime:
+        return AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
 
     def add_hook(self, hook: RuntimeHook) -> None:
         """Observe every primitive (model call) of every run, on every loop's runtime."""
-        with self._lock:
-            self._hooks.append(hook)
-            for runtime in self._runtimes.values():
-                runtime.runtime.add_hook(hook)
+        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(hook))
 
     async def aclose(self) -> None:
         """Close the running loop's agent runtime (its runs' programs end)."""
-        with self._lock:
-            runtime = self._runtimes.pop(asyncio.get_running_loop(), None)
+        runtime = self._runtimes.pop_current()
         if runtime is not None:
             await runtime.close()
 

@@ -12,7 +12,7 @@ from teola_core.agents.tool_cache import ToolResultCache
 from teola_core.agents.ttl import ToolDurations
 from teola_core.engines.retention import KVRetention
 from teola_core.ir.graph import Graph
-from teola_core.runtime.local import LocalRuntime
+from teola_core.runtime.base import Runtime
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ProgramHost(Protocol):
     features: AgentFeatures
     priority_rule: str
     clock: Callable[[], float]
-    runtime: LocalRuntime
+    runtime: Runtime
     durations: ToolDurations
     tool_cache: ToolResultCache
 

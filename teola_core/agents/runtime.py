@@ -49,7 +49,7 @@ from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.passes import PassManager, default_passes
 from teola_core.passes.base import Pass, PassContext
-from teola_core.runtime.base import PrimitiveSpan
+from teola_core.runtime.base import PrimitiveSpan, Runtime
 from teola_core.runtime.local import LocalRuntime
 
 
@@ -85,6 +85,8 @@ class AgentRuntime:
     the runtime, the tool timings and the TTLs (the engines' holds use their own clock).
     overcommit: how many times an engine's KV pool the admitted programs' contexts may
     add up to (admission needs an engine that reports its pool and counts tokens).
+    runtime: the `Runtime` that runs the programs' graphs (default: a `LocalRuntime` over
+    `engines` on `clock`); any backend's, e.g. `make_runtime(engines, "ray")`.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class AgentRuntime:
         passes: Sequence[Pass] | None = None,
         clock: Callable[[], float] = time.monotonic,
         overcommit: float = 1.0,
+        runtime: Runtime | None = None,
     ) -> None:
         if priority_rule not in ("fcfs", "plas"):
             raise ValueError(f"unknown priority rule {priority_rule!r} (known: fcfs, plas)")
@@ -103,7 +106,7 @@ class AgentRuntime:
         self.features = features or AgentFeatures()
         self.priority_rule = priority_rule
         self.clock = clock
-        self.runtime = LocalRuntime(engines, policy="topology", clock=clock)
+        self.runtime = runtime if runtime is not None else LocalRuntime(engines, policy="topology", clock=clock)
         self.durations = ToolDurations()
         self.tool_cache = ToolResultCache()
         self._queue = QueueDelay([n for n, e in engines.engines.items() if isinstance(e, KVRetention)])

@@ -17,7 +17,6 @@ runtime shares those actors.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.runtime.base import Runtime, RuntimeHook
+from teola_core.runtime.per_loop import PerLoop
 from teola_core.runtime.reference import evaluate
 from teola_core.runtime.timeouts import Timeouts
 
@@ -126,7 +126,7 @@ class RuntimePerLoop:
         self.policy = policy
         self.hooks = tuple(hooks)
         self.timeouts = Timeouts.of(timeouts)
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
+        self._runtimes: PerLoop[Runtime] = PerLoop()
         self._lock = threading.Lock()
         self._ray = ray
         self.placed: RayEngines | None = None
@@ -142,19 +142,17 @@ class RuntimePerLoop:
 
     def current(self) -> Runtime:
         """The running loop's runtime (must be called on a running loop)."""
-        loop = asyncio.get_running_loop()
         with self._lock:
             if self.placed is not None and self.placed.closed:  # closed: start afresh
                 self._runtimes.clear()
                 self._place()
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = self._runtimes[loop] = make_runtime(
-                    self.placed or self.engines, self.backend, self.policy, timeouts=self.timeouts
-                )
-                for hook in self.hooks:
-                    runtime.add_hook(hook)
-            return runtime
+        return self._runtimes.current(self._make)
+
+    def _make(self) -> Runtime:
+        runtime = make_runtime(self.placed or self.engines, self.backend, self.policy, timeouts=self.timeouts)
+        for hook in self.hooks:
+            runtime.add_hook(hook)
+        return runtime
 
     @property
     def engine_names(self) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.per_loop import PerLoop
 from teola_langchain.langgraph.admission import ModelAdmission
 from teola_langchain.langgraph.gate import RunCalls, RunGate
 
@@ -38,19 +39,16 @@ class GraphRuns:
         self.calls_on_graph = 0  # runs in which Teola admitted at least one model call
         self.model_calls = 0  # model calls admitted by Teola
         self._ranks = itertools.count()
-        self._admissions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ModelAdmission] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._admissions: PerLoop[ModelAdmission] = PerLoop()
         self._lock = threading.Lock()
         self._thread = LoopThread(f"teola-graph:{name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
 
     def admission(self, loop: asyncio.AbstractEventLoop) -> ModelAdmission:
-        with self._lock:
-            admission = self._admissions.get(loop)
-            if admission is None:
-                admission = self._admissions[loop] = ModelAdmission(self.concurrency, self.hooks)
-            return admission
+        return self._admissions.get(loop, self._new_admission)
+
+    def _new_admission(self) -> ModelAdmission:
+        return ModelAdmission(self.concurrency, self.hooks)
 
     def open(self, loop: asyncio.AbstractEventLoop | None) -> RunCalls:
         """A run starts on `loop` (async methods: the caller's; None: a sync method's)."""
@@ -80,8 +78,7 @@ class GraphRuns:
 
     def engines(self) -> list[str]:
         """The model engines made so far, on every loop."""
-        with self._lock:
-            admissions = list(self._admissions.values())
+        admissions = self._admissions.values()
         return sorted({name for a in admissions for name in a.engines()})
 
     def shutdown(self) -> None:
