@@ -31,6 +31,7 @@ def test_each_loop_gets_its_own_object_set_up_like_the_others() -> None:
     assert first is not second and len(made) == 2
     assert first == ["hooked"] and second == ["hooked"]  # set up when made after apply_to_all too
 
+
 def test_pop_current_forgets_only_the_running_loops_object() -> None:
     per_loop: PerLoop[object] = PerLoop()
 
