@@ -70,7 +70,7 @@ from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry, LangChainLLMEngine
-from teola_langchain.explain import mermaid, section
+from teola_core.explain import mermaid, section
 from teola_langchain.keys import last_name
 from teola_langchain.learning import AsyncObserver, Observer, SpanLearner, observing
 from teola_langchain.patched import runs_own_code

@@ -22,10 +22,12 @@ import functools
 import itertools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from teola_core.engines.choices import EngineOption
 from teola_core.engines.protocol import EngineSet
+from teola_core.explain import graph_sections, section
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
@@ -97,7 +99,9 @@ class LlamaIndexDropIn(DropInBase):
     def place_engines(self, parts: Sequence[LlamaIndexDropIn] = ()) -> None:
         """After tracing: check `engines=` and `ray=` (against `parts` too) and place the engines."""
         self._shared.check([self._engines.engines, *(p.engine_set for p in parts)])
-        self._runtimes = RuntimePerLoop(self._engines.engines, self.backend, self.policy, ray=self._shared.ray)
+        self._runtimes = RuntimePerLoop(
+            self._engines.engines, self.backend, self.policy, hooks=[self.recent], ray=self._shared.ray
+        )
 
     # -- the shared surface ---------------------------------------------------------------
     @property
@@ -112,17 +116,18 @@ class LlamaIndexDropIn(DropInBase):
         """The engines the traced object runs on (as traced: known before they are placed)."""
         return self._engines.engines
 
-    def explain_graphs(self, pgraph: Graph, graph: Graph, passes: list[str]) -> list[str]:
-        """The engines, prefix warm-ups, passes, p-graph and e-graph, as `explain()` lines."""
+    def explain_sections(
+        self, name: str, pgraph: Graph, graph: Graph, passes: list[str], png_dir: str | Path | None = None
+    ) -> list[str]:
+        """`explain()`'s sections: engines (where they run, prefix warm-ups), the p-graph, passes,
+        e-graph and its Mermaid (PNG with `png_dir`), and what recent runs did."""
         where = self.where()
+        engines = [f"- {engine} ({where[engine]})" for engine in self._engines.engines.engines]
+        notes = [f"- {note}" for note in warmup_notes(self._engines.engines)]
         return [
-            "engines: " + (", ".join(f"{name} ({where[name]})" for name in self._engines.engines.engines) or "none"),
-            *warmup_notes(self._engines.engines),
-            "passes: " + (", ".join(passes) or "none"),
-            "p-graph:",
-            pgraph.summary(),
-            "e-graph:",
-            graph.summary(),
+            section("engines", "\n".join([*engines, *notes]) or "- none"),
+            *graph_sections(name, pgraph, passes, graph, png_dir),
+            *self.explain_runs(png_dir),
         ]
 
     # -- running --------------------------------------------------------------------------

@@ -15,12 +15,14 @@ itself, the one step of a graph (a warning says why).
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
 from llama_index.core.base.query_pipeline.query import ComponentIntermediates
 from llama_index.core.query_pipeline import QueryPipeline
 
+from teola_core.explain import section
 from teola_llamaindex.common import OpaqueModuleWarning
 from teola_llamaindex.dropin import LlamaIndexDropIn, weak_drop_in
 from teola_llamaindex.executor_spans import WaveSpans
@@ -54,12 +56,20 @@ class TeolaQueryPipelineExecutor(LlamaIndexDropIn):
         self.place_engines()
         self._view = framework_view(pipeline, **_executor_hooks(self))
 
-    def explain(self) -> str:
-        """What was traced into what (p-graph, passes, e-graph), or why the pipeline runs as itself."""
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """What was traced into what (p-graph, passes, e-graph with Mermaid), what recent runs
+        did on each engine, or why the pipeline runs as itself. With `png_dir`, the e-graph and
+        the recent runs' timeline are also drawn there as PNGs."""
         if self.plan is None:
-            return f"QueryPipeline runs as itself: {self.fallback}"
-        opaque = "opaque modules: " + (", ".join(self.plan.opaque) or "none")
-        return "\n".join([opaque, *self.explain_graphs(self.plan.pgraph, self.plan.graph, self.plan.passes)])
+            return "\n".join([f"QueryPipeline runs as itself: {self.fallback}\n", *self.explain_runs(png_dir)])
+        plan = self.plan
+        return "\n".join(
+            [
+                "Teola plan for a QueryPipeline\n",
+                section("opaque modules", "\n".join(f"- {m}" for m in plan.opaque) or "- none"),
+                *self.explain_sections("pipeline", plan.pgraph, plan.graph, plan.passes, png_dir),
+            ]
+        )
 
     async def _multi(self, module_inputs: dict[str, Any], show_intermediates: bool, ctx: QueryContext) -> Outputs:
         assert self.plan is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
@@ -23,6 +24,7 @@ from llama_index.core.callbacks.schema import CBEventType, EventPayload
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle
 
+from teola_core.explain import section
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_llamaindex.common import OpaqueModuleWarning
@@ -131,19 +133,23 @@ class TeolaQueryEngine(LlamaIndexDropIn):
         for part in self.parts:
             part.close()
 
-    def explain(self) -> str:
-        """The p-graph, the passes applied and the e-graph (or why the engine runs as itself)."""
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """The p-graph, the passes applied and the e-graph with Mermaid (or why the engine runs
+        as itself), and what recent runs did on each engine; with `png_dir`, PNGs of the
+        e-graph and of the recent runs' timeline too."""
+        title = f"Teola plan for a {type(self.original).__name__}\n"
         if not self.traced:
-            lines = [f"{type(self.original).__name__}: runs as itself, one opaque step"]
-            for i, part in enumerate(self.parts):
-                lines += [f"traced part {i} (RetrieverQueryEngine):", part.explain()]
-            return "\n".join(lines)
+            parts = [
+                f"- traced part {i} (RetrieverQueryEngine):\n{part.explain(png_dir)}"
+                for i, part in enumerate(self.parts)
+            ]
+            how = section("execution", f"{type(self.original).__name__}: runs as itself, one opaque step")
+            return "\n".join([title, how, *parts, *self.explain_runs(png_dir)])
         synthesizer = self.original._response_synthesizer
-        how = why_opaque(synthesizer) if self.decompose else "decompose=False"
-        lines = [
-            f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({how})" if how else "plan + format + llm")
-        ]
-        return "\n".join([*lines, *self.explain_graphs(self.pgraph, self.graph, self.passes)])
+        why = why_opaque(synthesizer) if self.decompose else "decompose=False"
+        how = f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({why})" if why else "plan + format + llm")
+        sections = self.explain_sections("query", self.pgraph, self.graph, self.passes, png_dir)
+        return "\n".join([title, section("execution", how), *sections])
 
     def query(self, str_or_query_bundle: str | QueryBundle) -> Any:
         if not self.traced:

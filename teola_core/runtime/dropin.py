@@ -3,8 +3,11 @@ runtime per event loop over them, the loop thread that serves its sync calls, an
 
     class MyDropIn(DropInBase):
         def __init__(self, ...):
-            self.runtimes = RuntimePerLoop(engines, backend, policy)
+            self.runtimes = RuntimePerLoop(engines, backend, policy, hooks=[self.recent])
             self.start_sync_thread("teola:my-app")
+
+`recent` keeps the last primitives every runtime ran, for `explain()`'s report of recent
+runs and their timeline (`teola_core.explain.timeline_sections`).
 
 `teola_langchain.runnable.TeolaRunnable` and `teola_llamaindex.dropin.LlamaIndexDropIn` are
 built on it; each keeps only what is its framework's own (tracing, the call surface).
@@ -12,13 +15,17 @@ built on it; each keeps only what is its framework's own (tracing, the call surf
 
 from __future__ import annotations
 
+import functools
 import weakref
+from pathlib import Path
 from typing import Any
 
 from teola_core.engines.protocol import EngineSet
+from teola_core.explain import timeline_sections
 from teola_core.runtime.backends import RuntimePerLoop
 from teola_core.runtime.base import Runtime
 from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.timeline import RecentSpans
 
 
 class DropInBase:
@@ -26,6 +33,15 @@ class DropInBase:
 
     runtimes: RuntimePerLoop
     sync_thread: LoopThread
+
+    @functools.cached_property
+    def recent(self) -> RecentSpans:
+        """The last primitives this object's runtimes ran (a hook of each of them)."""
+        return RecentSpans()
+
+    def explain_runs(self, png_dir: str | Path | None = None) -> list[str]:
+        """`explain()`'s sections on what recent runs did on each engine (and their timeline)."""
+        return timeline_sections(self.recent.spans(), png_dir)
 
     def start_sync_thread(self, name: str) -> None:
         """The loop thread of the sync methods, stopped when the object is collected."""

@@ -13,6 +13,7 @@ by the question it served (nested map elements count as their question). Inline 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,21 @@ class SpanRecorder:
         self.spans.append(span)
 
 
-def _row(span: PrimitiveSpan) -> str:
+class RecentSpans:
+    """A runtime hook that keeps the last `limit` spans: what `explain()` reports and draws."""
+
+    def __init__(self, limit: int = 2000) -> None:
+        self._spans: deque[PrimitiveSpan] = deque(maxlen=limit)
+
+    def on_span(self, span: PrimitiveSpan) -> None:
+        self._spans.append(span)
+
+    def spans(self) -> list[PrimitiveSpan]:
+        return list(self._spans)
+
+
+def row_of(span: PrimitiveSpan) -> str:
+    """A span's row in the timeline: its engine (or user code) and its primitive kind."""
     where = span.node.engine or "user code"
     return f"{where} · {span.node.kind.value}"
 
@@ -45,13 +60,13 @@ def plot_timeline(spans: list[PrimitiveSpan], labels: dict[str, str], path: Path
     if not shown:
         raise ValueError("no primitive spans with a duration to plot")
     t0 = min(s.ready_at for s in shown)
-    rows = sorted({_row(s) for s in shown}, key=lambda r: (r.startswith("user"), r))
+    rows = sorted({row_of(s) for s in shown}, key=lambda r: (r.startswith("user"), r))
     colours = plt.get_cmap("tab10")
     order = {q: i for i, q in enumerate(labels)}
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * len(rows)))
     for span in shown:
         root = span.query_id.split("/")[0]
-        y = rows.index(_row(span))
+        y = rows.index(row_of(span))
         ax.barh(
             y,
             span.ended_at - span.started_at,

@@ -54,7 +54,7 @@ from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
 from teola_langchain.engines import EngineChoices
-from teola_langchain.explain import section
+from teola_core.explain import section
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds

@@ -143,3 +143,17 @@ def test_subclass_runs_as_itself_as_one_step_with_one_warning() -> None:
     _same(fast.query("dogs"), engine.query("dogs"))
     _same(asyncio.run(fast.aquery("dogs")), asyncio.run(engine.aquery("dogs")))
     assert "(custom)" in str(fast.query("dogs")) and fast.calls_on_graph == 3
+
+
+def test_explain_shows_the_plan_in_mermaid_and_what_recent_queries_did(tmp_path: Any) -> None:
+    fast = teola.optimize(_engine()())
+    try:
+        before = fast.explain()
+        assert "== mermaid query ==\nflowchart TD" in before and "none recorded yet" in before
+        fast.query("What is Teola?")
+        after = fast.explain(png_dir=tmp_path)
+        assert "1 queries" in after  # one query's timed primitives, per engine and kind
+        assert (tmp_path / "query-egraph.png").stat().st_size > 0
+        assert (tmp_path / "timeline.png").stat().st_size > 0
+    finally:
+        fast.close()
