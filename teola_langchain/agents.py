@@ -72,6 +72,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, SummarizationMiddleware
@@ -84,11 +85,13 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from teola_core.agents import AgentFeatures, AgentRuntime, Program
+from teola_core.agents.explain import AgentRecord, agent_sections
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.loop_thread import LoopThread
 from teola_core.runtime.per_loop import PerLoop
+from teola_core.runtime.timeline import RecentSpans
 from teola_langchain.summarization import (
     SummaryAhead,
     find_summarization,
@@ -347,6 +350,10 @@ class OptimizedAgent(Runnable[Any, Any]):
         self.engine_name = f"llm:{self.name}"
         self.engines = EngineSet().add(AgentModelEngine(self.engine_name, model_concurrency))
         self._runtimes: PerLoop[AgentRuntime] = PerLoop()
+        self.record = AgentRecord()
+        self.recent = RecentSpans()
+        recent = self.recent  # not self: the setup is kept by the PerLoop, which self holds
+        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(recent))
         self._thread = LoopThread(f"teola-agent:{self.name}")
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._finalizer = weakref.finalize(self, self._thread.close)
@@ -402,6 +409,14 @@ class OptimizedAgent(Runnable[Any, Any]):
         if runtime is not None:
             await runtime.close()
 
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """What the agent runtime does, the runs so far, the last run's graph (Mermaid; PNG
+        with `png_dir`) and what recent runs did per engine (timeline PNG with `png_dir`)."""
+        sections = agent_sections(
+            self.name, self.features, self.priority_rule, self.engines, self.record, self.recent.spans(), png_dir
+        )
+        return "\n".join(sections)
+
     # -- runs --------------------------------------------------------------------------
     def _open(self, *, sync: bool = False) -> AgentRun:
         """Start a run on the running loop."""
@@ -409,8 +424,12 @@ class OptimizedAgent(Runnable[Any, Any]):
 
     def _finish(self, run: AgentRun) -> None:
         run.program.finish()
+        self._ended(run.program)
+
+    def _ended(self, program: Program) -> None:
+        self.record.add(program)
         if self.on_program is not None:
-            self.on_program(run.program)
+            self.on_program(program)
 
     async def _aopen(self) -> AgentRun:
         return self._open(sync=True)
@@ -427,8 +446,7 @@ class OptimizedAgent(Runnable[Any, Any]):
             yield run
         finally:
             self._thread.run(self._aend(run))
-            if self.on_program is not None:
-                self.on_program(run.program)
+            self._ended(run.program)
 
     # -- call surface ------------------------------------------------------------------
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:

@@ -59,6 +59,7 @@ from langchain_core.runnables.config import (
 from langchain_core.runnables.graph import Graph as LCGraph
 
 from teola_core.engines.protocol import EngineSet
+from teola_core.explain import mermaid, section
 from teola_core.ir.draw import draw_graph
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.profiles.learning import LatencyBook, differs, merged
@@ -70,7 +71,6 @@ from teola_langchain.batching import BatchGroup
 from teola_langchain.classes import class_of
 from teola_langchain.context import OpenRun, QueryContext
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry, LangChainLLMEngine
-from teola_core.explain import mermaid, section
 from teola_langchain.keys import last_name
 from teola_langchain.learning import AsyncObserver, Observer, SpanLearner, observing
 from teola_langchain.patched import runs_own_code

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import itertools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from llama_index.core.agent.workflow import AgentOutput, BaseWorkflowAgent
@@ -28,11 +30,13 @@ from llama_index.core.tools import AsyncBaseTool, ToolOutput
 from llama_index.core.workflow import Context, StopEvent
 
 from teola_core.agents import AgentFeatures, AgentRuntime, Program
+from teola_core.agents.explain import AgentRecord, agent_sections
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.per_loop import PerLoop
+from teola_core.runtime.timeline import RecentSpans
 from teola_llamaindex.common import unwrap_error
 
 DEFAULT_MAX_TOKENS = 256
@@ -155,6 +159,10 @@ class TeolaAgent:
         )
         self._programs: weakref.WeakKeyDictionary[Any, Program] = weakref.WeakKeyDictionary()
         self._runtimes: PerLoop[AgentRuntime] = PerLoop()
+        self.record = AgentRecord()
+        self.recent = RecentSpans()
+        recent = self.recent  # not self: the setup is kept by the PerLoop, which self holds
+        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(recent))
         self._runs = itertools.count()
 
     # -- the call surface ------------------------------------------------------------
@@ -171,8 +179,26 @@ class TeolaAgent:
         finally:
             self._program.reset(token)
         self._programs[handler] = program
-        _when_done(handler, program.finish)
+        _when_done(handler, functools.partial(self._ended, program))
         return handler
+
+    def _ended(self, program: Program) -> None:
+        program.finish()
+        self.record.add(program)
+
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """What the agent runtime does, the runs so far, the last run's graph (Mermaid; PNG
+        with `png_dir`) and what recent runs did per engine (timeline PNG with `png_dir`)."""
+        sections = agent_sections(
+            self.original.name,
+            self.features,
+            self.priority_rule,
+            self.engines,
+            self.record,
+            self.recent.spans(),
+            png_dir,
+        )
+        return "\n".join(sections)
 
     def program_of(self, handler: Any) -> Program:
         """The `Program` of the run `handler` belongs to (its steps and stats)."""

@@ -49,12 +49,12 @@ from typing import Any
 from langgraph.pregel import Pregel
 
 from teola_core.engines.choices import EngineOption
+from teola_core.explain import section
 from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
 from teola_langchain.engines import EngineChoices
-from teola_core.explain import section
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds

@@ -245,6 +245,10 @@ def test_invoke_gives_the_plain_agents_messages(programs: list[Program]) -> None
         assert_through_teola(programs[-1], got)
     assert len(programs) == 3 and len({p.id for p in programs}) == 3  # one program per run
     assert programs[0].stats.tool_calls == 2  # "read a b": two parallel tool calls in one turn
+    explained = fast.explain()
+    assert "== runs (3 ended) ==" in explained
+    assert f"- tool_calls: {sum(p.stats.tool_calls for p in programs)}" in explained
+    assert "== mermaid ==\nflowchart TD" in explained and "recent runs" in explained
     fast.close()
 
 

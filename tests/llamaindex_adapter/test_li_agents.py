@@ -321,6 +321,9 @@ def test_function_agent_same_output_every_call_on_teola() -> None:
         assert any(d.started_at <= t <= d.ended_at for d in decodes), (t, decodes)
     assert type(agent) is FunctionAgent and fast.original is agent and fast.agent is not agent  # untouched
     assert tools.runs == {"lookup": 2}
+    explained = fast.explain()
+    assert "== runs (1 ended) ==" in explained and "- model_calls: 2" in explained
+    assert "== mermaid ==\nflowchart TD" in explained and "1 queries" in explained
 
 
 def test_conversation_through_ctx_and_memory() -> None:
