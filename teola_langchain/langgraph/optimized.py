@@ -44,16 +44,18 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from langgraph.pregel import Pregel
 
 from teola_core.engines.choices import EngineOption
-from teola_core.explain import section
+from teola_core.explain import section, timeline_sections
 from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
+from teola_core.runtime.timeline import RecentSpans
 from teola_langchain.engines import EngineChoices
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
@@ -67,6 +69,7 @@ class OptimizedGraph:
     _teola: GraphRuns
     _teola_original: Pregel
     _teola_chains: dict[str, TeolaRunnable[Any, Any]]  # nodes whose chain runs through teola.optimize
+    _teola_recent: RecentSpans  # the model calls' spans, for explain()
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         if CURRENT_GATE.get() is not None:  # part of a run already open here
@@ -126,6 +129,7 @@ class OptimizedGraph:
         copied._teola = self._teola
         copied._teola_original = self._teola_original
         copied._teola_chains = self._teola_chains
+        copied._teola_recent = self._teola_recent
         return copied
 
     @property
@@ -149,8 +153,10 @@ class OptimizedGraph:
         for chain in self._teola_chains.values():
             chain.close()
 
-    def explain(self) -> str:
-        """What LangGraph runs and what Teola does for each node, the engines seen so far, advice."""
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """What LangGraph runs and what Teola does for each node (and the graph in Mermaid), the
+        engines seen so far, advice, and what recent runs' model calls did (timeline PNG with
+        `png_dir`)."""
         runs = self._teola
         original = self._teola_original
         out = [
@@ -177,6 +183,8 @@ class OptimizedGraph:
         )
         advice = _advice(original, self._teola_chains, runs.concurrency)
         out.append(section("advice", "\n".join(f"- {a}" for a in advice) or "- none"))
+        out.append(section("mermaid (the graph as LangGraph draws it)", original.get_graph().draw_mermaid()))
+        out.extend(timeline_sections(self._teola_recent.spans(), png_dir))
         return "\n".join(out)
 
 
@@ -257,7 +265,8 @@ def optimize_graph(
     cls = optimized_class(type(original))
     fast = cls.__new__(cls)
     fast.__dict__.update(original.__dict__)
-    fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
+    fast._teola_recent = RecentSpans()
+    fast._teola = GraphRuns(original.get_name(), model_concurrency, (*hooks, fast._teola_recent))
     fast._teola_original = original
     fast._teola_chains = {}
     if runnable_nodes:

@@ -245,6 +245,7 @@ def test_calls_wait_for_their_turn_and_answers_stay(sync: bool) -> None:
     assert _stream(fast, case, sync, stream_mode="values") == want
     assert fast.calls_on_graph == 1
     assert fast._teola.model_calls == 4  # three items and the reduce chain's call
+    assert "timed primitives of 1 queries" in fast.explain()  # the run's model calls, per engine
 
 
 class AskState(TypedDict, total=False):

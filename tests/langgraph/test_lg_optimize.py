@@ -85,6 +85,8 @@ def test_by_default_chain_nodes_run_as_written_and_explain_says_what_each_node_i
         "- tools: tools (ToolNode): run by LangGraph",
         "runnable_nodes=True",
         "model_concurrency: give the number of requests your model server runs at once",
+        "== mermaid (the graph as LangGraph draws it) ==\n---",
+        "none recorded yet",
     ):
         assert line in text, line
 
