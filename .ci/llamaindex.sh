@@ -8,7 +8,8 @@
 # (tests/ray_backend/test_ray_llamaindex.py, a two-node loopback cluster). Then, per line, LlamaIndex's own tests of that release plain and routed
 # through `teola.optimize` (tests/conformance/run.py; about a minute a line): fails on
 # any regression or differing result not listed in known_differences.py, skips (saying
-# why) when the shared copy of those tests is absent. Venvs go to $TEOLA_LI_VENVS
+# why) when the shared copy of those tests is absent (../shared/conformance beside the
+# checkout, or $TEOLA_CONFORMANCE_DIR). Venvs go to $TEOLA_LI_VENVS
 # (default: a temporary folder, removed at exit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
