@@ -88,6 +88,7 @@ from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, EngineSet
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.loop_thread import LoopThread
+from teola_langchain.models import DEFAULT_MAX_TOKENS
 from teola_langchain.summarization import (
     SummaryAhead,
     find_summarization,
@@ -97,7 +98,6 @@ from teola_langchain.summarization import (
     sync_speculation,
     tool_turn,
 )
-from teola_langchain.tracer import DEFAULT_MAX_TOKENS
 
 T = TypeVar("T")
 

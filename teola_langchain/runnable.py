@@ -75,9 +75,10 @@ from teola_langchain.keys import last_name
 from teola_langchain.learning import AsyncObserver, Observer, SpanLearner, observing
 from teola_langchain.patched import runs_own_code
 from teola_langchain.plan_report import measured, report, seconds
+from teola_langchain.session import TraceSession
 from teola_langchain.steps import run_graph
 from teola_langchain.traced import SubGraph, TracedChain
-from teola_langchain.tracer import TraceSession
+from teola_langchain.tracer import trace_in
 
 log = logging.getLogger("teola.langchain")
 
@@ -223,7 +224,7 @@ class TeolaRunnable(DropInBase, Runnable[Input, Output]):
         session = TraceSession(
             self._engines, warn=warn, expected_items=self._expected_items, counts=counts.get if counts else None
         )
-        traced = session.trace(self.original)
+        traced = trace_in(session, self.original)
         given = {**self._engines.engines.profiles(), **_by_key(self._given, traced.steps)}
         profiles = merged(given, learned)
         for sub in traced.graphs():
