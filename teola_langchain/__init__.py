@@ -12,8 +12,9 @@ from typing import Any
 from teola_langchain.parsers import LineListOutputParser
 from teola_langchain.runnable import TeolaRunnable
 from teola_langchain.runnable import optimize as optimize_chain
+from teola_langchain.session import OpaqueStepWarning
 from teola_langchain.traced import TracedChain
-from teola_langchain.tracer import OpaqueStepWarning, trace
+from teola_langchain.tracer import trace
 
 
 def optimize(runnable: Any, **options: Any) -> Any:

@@ -92,6 +92,7 @@ from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.loop_thread import LoopThread
 from teola_core.runtime.per_loop import PerLoop
 from teola_core.runtime.timeline import RecentSpans
+from teola_langchain.models import DEFAULT_MAX_TOKENS
 from teola_langchain.summarization import (
     SummaryAhead,
     find_summarization,
@@ -101,7 +102,6 @@ from teola_langchain.summarization import (
     sync_speculation,
     tool_turn,
 )
-from teola_langchain.tracer import DEFAULT_MAX_TOKENS
 
 T = TypeVar("T")
 

@@ -38,6 +38,9 @@ from langchain_core.runnables.passthrough import RunnableAssign
 from teola_langchain.classes import class_of
 from teola_langchain.prompts import PROMPT_TYPES
 
+# An LLM's max_tokens when the model does not say: an estimate for scheduling only.
+DEFAULT_MAX_TOKENS = 256
+
 # `BaseChatModel.bind` returns `_ChatModelBinding`, a `RunnableBinding` that only narrows
 # types ("at runtime this is a plain RunnableBinding"); older cores return RunnableBinding.
 BINDING_TYPES: tuple[type, ...] = tuple(

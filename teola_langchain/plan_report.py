@@ -169,7 +169,7 @@ def report(
     first: Any, plan: Any, engines: EngineSet, calls: int, on_graph: int, learn_after: int
 ) -> list[tuple[str, str]]:
     """explain()'s advising sections: (title, body) pairs. `first`, `plan`: the plan made at
-    optimize() and the current one (`runnable.Plan`)."""
+    optimize() and the current one (`plans.Plan`)."""
     now = expected(plan.traced.main.pgraph, plan.traced.main.graph, plan.profiles)
     before = expected(first.traced.main.pgraph, first.traced.main.graph, plan.profiles)
     gains = _prefill_gains(plan.traced, plan.profiles, engines)

@@ -1,28 +1,27 @@
 """What the tracer knows about a value while it walks a chain, before anything runs.
 
-A LangChain step receives one Python value. Most of the time the tracer only knows
-that value as a graph port (`Ref`). But a `RunnableParallel` (or a dict literal, or
-`.assign`) builds a dict whose fields come from *different* upstream steps, and the
-point of tracing is to keep them apart: a prompt that reads `question` and `context`
-from `{"context": retriever, "question": RunnablePassthrough()}` should see that
-`question` is ready long before `context` (prefill split), and `itemgetter("question")`
-should not wait for the retriever. So a dict built by the chain stays a `DictValue` of
-per-field values until a step needs the whole dict, when the tracer materialises it
-with one cheap inline node.
+A LangChain step receives one Python value, and the tracer knows it as a graph port
+(`Ref`). A `RunnableParallel` (or a dict literal, or `.assign`) builds a dict whose
+fields come from *different* steps; every step still receives the whole dict, but the
+tracer keeps where each field comes from (`DictValue`), so a prompt that reads
+`question` and `context` from `{"context": retriever, "question": RunnablePassthrough()}`
+can be planned to warm its ready start while the retriever runs (prefill split):
 
-    Ref(value)                              # a port; `items` is the same value as a
-                                            # list port a map can consume item by item
-    DictValue({"q": Ref(a), "ctx": Ref(b)}) # exactly these keys, in this order
-    DictValue({"ctx": Ref(b)}, base=c)      # `{**c, "ctx": ...}` where c's keys are
-                                            # unknown until run time (.assign on input)
+    Ref(value)                                   # one port
+    Ref(value, plan)                             # a prompt's output, and how it is made
+    DictValue(whole, {"q": a, "ctx": b})         # exactly these keys
+    DictValue(whole, {"ctx": b}, open=True)      # `.assign` on a dict whose keys are unknown
+
+`MISSING` stands, at run time, for a dict key that is absent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from teola_core.ir.builder import Value
+from teola_core.ir.prompt import PromptPlan
 
 
 class _Missing:
@@ -40,22 +39,35 @@ MISSING: Any = _Missing()
 
 @dataclass(frozen=True)
 class Ref:
-    """A value produced on one graph port.
+    """A value on one port, as the chain computes it.
 
-    items: when set, a port carrying `list(value)` that is produced item by item (an
-    LLM decode with a split unit): a following map consumes it so it can be pipelined.
+    plan: for a prompt's output, how the prompt is made from separately computed fields
+    (so prefill split can warm its ready start; see `teola_core.ir.prompt.PromptPlan`).
     """
 
     value: Value
-    items: Value | None = None
+    plan: PromptPlan | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class DictValue:
-    """A dict the chain builds from separately traced fields (see the module docstring)."""
+    """A dict a composite builds: the whole value, and where each known field comes from.
 
-    fields: dict[str, Sym] = field(default_factory=dict)
-    base: Value | None = None
+    `fields` serve planning only (which prompt variables are ready when); every step
+    receives `whole`, the dict the composite returned. `open`: the dict may hold keys
+    beyond `fields` (`.assign` on an input whose keys are unknown).
+    """
+
+    whole: Value
+    fields: dict[str, Value]
+    open: bool = False
 
 
 Sym = Ref | DictValue
+
+
+def carry(sym: Sym, value: Value) -> Sym:
+    """`sym` as handed on through `value` (an open/close node): same fields, new whole."""
+    if isinstance(sym, DictValue):
+        return DictValue(value, sym.fields, sym.open)
+    return Ref(value, sym.plan)

@@ -37,3 +37,14 @@ def test_hooks_record_every_primitive_and_plot_a_timeline(tmp_path: Path) -> Non
     png = plot_timeline(recorder.spans, {}, tmp_path / "timeline.png", "one question")
     assert png.read_bytes().startswith(b"\x89PNG")
     fast.close()
+
+
+def test_explain_reports_recent_calls_per_engine_and_draws_their_timeline(tmp_path: Path) -> None:
+    chain = _chain()
+    fast = optimize(chain, execution="graph")
+    assert "none recorded yet" in fast.explain()
+    assert fast.batch([{"topic": "cats"}, {"topic": "dogs"}]) == chain.batch([{"topic": "cats"}, {"topic": "dogs"}])
+    text = fast.explain(png_dir=tmp_path)
+    assert "of 2 queries" in text and " · decode: " in text
+    assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")
+    fast.close()

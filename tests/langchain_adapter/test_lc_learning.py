@@ -112,7 +112,7 @@ def test_learning_finds_the_slow_retriever_and_plans_a_prefill_split() -> None:
     clock = ThreadClock()
     chain = rag(ClockedRetriever(clock=clock))
     fast = optimize(chain, warn=False)
-    fast._clock = clock
+    fast._replanner.clock = clock
     first = fast.plan
     assert K.PARTIAL_PREFILL not in kinds(fast)  # nothing known: every step is ready at once
     for i in range(3):
@@ -137,7 +137,7 @@ def test_observation_backs_off_while_it_changes_no_plan() -> None:
     clock = ThreadClock()
     chain = rag(ClockedRetriever(clock=clock))
     fast = optimize(chain, warn=False)
-    fast._clock = clock
+    fast._replanner.clock = clock
     observed = []
     for _ in range(200):
         before = fast.learned.version
@@ -169,7 +169,7 @@ def test_a_call_in_flight_keeps_the_plan_it_started_with() -> None:
         for key in fast.plan.steps:  # meanwhile the chain learns that its retrieval is slow
             for _ in range(3):
                 fast.learned.observe(key, "run", 1, 0.3 if "wait" in key or "RunnableLambda" in key else 0.0)
-        fast._call_done()
+        fast._replanner.call_done()
         assert fast.plan is not old and K.PARTIAL_PREFILL in kinds(fast)
         gate["go"].set()
         return await call
@@ -184,7 +184,7 @@ def test_the_profiles_file_is_written_as_the_plan_learns_and_starts_the_next_one
     chain = rag(ClockedRetriever(clock=clock))
     path = tmp_path / "app.json"
     fast = optimize(chain, profiles=path, warn=False)
-    fast._clock = clock
+    fast._replanner.clock = clock
     for i in range(3):
         fast.invoke({"question": f"q{i}"})
     fast.close()
@@ -264,7 +264,7 @@ def test_sliced_items_stream_exactly_the_slice() -> None:
 def test_explain_says_what_blocks_and_what_was_learned() -> None:
     clock = ThreadClock()
     fast = optimize(rag(ClockedRetriever(clock=clock)), warn=False)
-    fast._clock = clock
+    fast._replanner.clock = clock
     text = fast.explain()
     assert "runs as one call" in text and "VectorStoreRetriever" in text and "not known yet" in text
     for i in range(3):
@@ -302,7 +302,7 @@ def test_a_chain_that_starts_as_langchain_runs_it_moves_to_the_graph_once_a_warm
         prompt = ChatPromptTemplate.from_messages([("system", system), ("human", "Q: {question}\nC: {context}")])
         chain = rag(ClockedRetriever(clock=clock), llm, prompt)
         fast = optimize(chain, warn=False)
-        fast._clock = clock
+        fast._replanner.clock = clock
         xs = [{"question": f"why {t}"} for t in ("cats", "dogs", "jazz", "chess")]
         try:
             got = [fast.invoke(x) for x in xs]

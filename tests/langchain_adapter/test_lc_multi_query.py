@@ -22,7 +22,7 @@ from teola_core.ir.kinds import PrimitiveKind
 from teola_langchain import classes
 from teola_langchain.parsers import LineListOutputParser as TeolaLineList
 from teola_langchain.parsers import ParserItems
-from teola_langchain.tracer import OpaqueStepWarning
+from teola_langchain.session import OpaqueStepWarning
 
 STORE = make_store()
 QUESTIONS = ["what do cats like", "how do rivers form", "why jazz"]
