@@ -22,6 +22,7 @@ def explain_plan(
     calls: int,
     calls_on_graph: int,
     learn_after: int,
+    not_learning: str | None,
     png_dir: str | Path | None = None,
 ) -> str:
     """explain()'s text: `heading`, how calls run on `plan` (and what `first`, the plan made at
@@ -42,7 +43,7 @@ def explain_plan(
             "queries): every call runs as LangChain runs it"
         )
     out.append(section("execution", how))
-    advice = report(first, plan, engines, calls, calls_on_graph, learn_after)
+    advice = report(first, plan, engines, calls, calls_on_graph, learn_after, not_learning)
     out.extend(section(title, body) for title, body in advice)
     engine_lines = [
         f"- {name}: {type(e).__name__}" + (f" ({where[name]})" if name in where else "")

@@ -5,7 +5,7 @@ p-graph) against Teola's plan (the e-graph), by the profiles (given, the engines
 learned), and, for every model whose prompt is not split and every map that is not
 pipelined, why not and what would change it.
 
-    sections = report(first_plan, plan, engines, calls, on_graph, learn_after)
+    sections = report(first_plan, plan, engines, calls, on_graph, learn_after, not_learning)
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def measured_line(profiles: Mapping[str, LatencyProfile], calls: int, on_graph: 
 
 
 def report(
-    first: Any, plan: Any, engines: EngineSet, calls: int, on_graph: int, learn_after: int
+    first: Any, plan: Any, engines: EngineSet, calls: int, on_graph: int, learn_after: int, not_learning: str | None
 ) -> list[tuple[str, str]]:
     """explain()'s advising sections: (title, body) pairs. `first`, `plan`: the plan made at
     optimize() and the current one (`plans.Plan`)."""
@@ -194,15 +194,13 @@ def report(
             f"- the plan made at optimize(), before anything was learned (passes applied: {what}): "
             f"{seconds(max(0.0, before.teola - saved_before))} by today's figures"
         )
-    elif learn_after:
+    elif not_learning is None:
         lines.append(
             f"- nothing learned yet ({calls} calls so far): the plan is made again with what the calls "
             f"teach from call {learn_after} on"
         )
     else:
-        lines.append(
-            "- learning is off (learn=False, or no step runs on an engine): the plan uses the given profiles only"
-        )
+        lines.append(f"- learning is off ({not_learning}): the plan uses the given profiles only")
     seen = measured_line(plan.profiles, calls, on_graph)
     if seen:
         lines.append(seen)

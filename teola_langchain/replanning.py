@@ -42,7 +42,8 @@ class Replanner:
 
     learned: what the calls taught; learn_after: calls before the first learned plan (0:
     never learn); profiles_path: the JSON file what was learned is written to at each new
-    plan; first: the plan made at optimize(); current: the plan new calls run on.
+    plan; first: the plan made at optimize(); current: the plan new calls run on;
+    not_learning: why this chain does not learn (None while it does).
     """
 
     def __init__(
@@ -60,9 +61,10 @@ class Replanner:
         self.learn_after = learn_after
         self.profiles_path = profiles_path
         self.name = name
+        self.not_learning: str | None = "learn_after=0" if learn_after <= 0 else None
         self.current = self.first = self._make_plan(warn=warn)
-        if not self.current.traced.uses_engines:  # only engine calls' latencies can change a plan
-            self.learn_after = 0
+        if self.learning and not self.current.traced.uses_engines:
+            self.not_learning = "no step runs on an engine: only engine calls' latencies can change a plan"
         self.clock = time.perf_counter  # what observations are timed with (tests give a virtual clock)
         self._replanning = threading.Lock()
         self._started = itertools.count()  # calls started (which are observed: `_observed`)
@@ -71,7 +73,7 @@ class Replanner:
 
     @property
     def learning(self) -> bool:
-        return self.learn_after > 0
+        return self.not_learning is None
 
     def _make_plan(self, *, warn: bool = False) -> Plan:
         """A plan with what was learned so far (nothing when not learning)."""
@@ -108,8 +110,8 @@ class Replanner:
                     self.learned.save(self.profiles_path)
             else:
                 self._observe_every = min(2 * self._observe_every, OBSERVE_EVERY_MAX)
-        except Exception:  # the call itself succeeded or failed on its own: learning stops, loudly
-            self.learn_after = 0
+        except Exception as exc:  # the call itself succeeded or failed on its own: learning stops, loudly
+            self.not_learning = f"re-planning failed ({type(exc).__name__}: {exc})"
             log.exception("teola: %s stops learning (its current plan stays); the error was", self.name)
         finally:
             self._replanning.release()

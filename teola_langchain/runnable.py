@@ -159,8 +159,9 @@ class TeolaRunnable(DropInBase, Runnable[Input, Output]):
 
     @property
     def learn_after(self) -> int:
-        """Calls before the first plan with learned figures (0: the plan never learns)."""
-        return self._replanner.learn_after
+        """Calls before the first plan with learned figures (0: the plan never learns: `explain()`
+        says why)."""
+        return self._replanner.learn_after if self._replanner.learning else 0
 
     def save_profiles(self, path: str | Path | None = None) -> Path:
         """Write what was learned (to `path`, or the `profiles=` file): a later `optimize(...,
@@ -208,6 +209,7 @@ class TeolaRunnable(DropInBase, Runnable[Input, Output]):
             calls=self.learned.calls,
             calls_on_graph=self.calls_on_graph,
             learn_after=self.learn_after,
+            not_learning=self._replanner.not_learning,
             png_dir=png_dir,
         )
         return "\n".join([plan, *self.explain_runs(png_dir)])

@@ -130,6 +130,7 @@ def test_a_chain_without_engine_steps_learns_nothing() -> None:
     fast = optimize(chain)
     assert [fast.invoke(i) for i in range(6)] == [chain.invoke(i) for i in range(6)]
     assert fast.learned.version == 0 and not fast.learned.to_json()["latencies"]
+    assert fast.learn_after == 0 and "learning is off (no step runs on an engine" in fast.explain()
     fast.close()
 
 
