@@ -6,7 +6,7 @@
 A workflow builds its graph while it runs, so it is not traced ahead of time: a shallow
 copy of it holds proxies of its LLM, embedding and retriever attributes
 (`workflow_calls`), and each call a step makes through them is a small graph on a
-runtime shared by all runs, at the depth of the step in the workflow's step/event graph
+runtime shared by all runs (`workflow_router`), at the depth of the step in the workflow's step/event graph
 (`step_depths`). Why, and what the proxies call: docs/llamaindex.md ("Workflows").
 """
 
@@ -21,7 +21,8 @@ from llama_index.core.workflow import Workflow
 from teola_core.engines.protocol import EngineSet
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
-from teola_llamaindex.workflow_calls import CallRouter, proxy_for
+from teola_llamaindex.workflow_calls import proxy_for
+from teola_llamaindex.workflow_router import CallRouter
 
 # -- the static step/event graph -------------------------------------------------------
 

@@ -10,7 +10,8 @@ app's input: as is for an app taking one value, as `{var: text}` for an app taki
 variable, and as a JSON object (validated against the app's input schema; errors name
 the field) for an app taking several. See `inputs`.
 
-Modules: `apps` (loading, the `App` seam), `schemas` (request/response models),
+Modules: `apps` (the `App` seam), `framework_apps` (LangChain, LlamaIndex, LangGraph),
+`failed_step` (the step an app failed in), `app_loading` (specs), `schemas` (request/response models),
 `inputs`/`responses` (mapping), `routes`, `admission` (overload: bounded work, a bounded
 wait, 503), `shedding` and `lag` (refusing before routing), `calls` (disconnect =
 cancel), `streaming` (SSE), `metrics` (Prometheus), `errors` (OpenAI error format),
@@ -26,9 +27,9 @@ from typing import Any
 # Imported on first use, so `teola --help` works without the `serve` extra installed.
 _EXPORTS = {
     "App": "teola.server.apps",
-    "LangChainApp": "teola.server.apps",
-    "load_apps": "teola.server.apps",
-    "wrap_app": "teola.server.apps",
+    "LangChainApp": "teola.server.framework_apps",
+    "load_apps": "teola.server.app_loading",
+    "wrap_app": "teola.server.app_loading",
     "create_app": "teola.server.app",
     "ServeOptions": "teola.server.options",
     "BackgroundServer": "teola.server.runner",

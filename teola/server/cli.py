@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.ray_address is not None and args.backend != "ray":
         raise SystemExit("teola serve: --ray-address needs --backend ray")
     try:
-        from teola.server.apps import AppSpecError
+        from teola.server.app_loading import AppSpecError
         from teola.server.options import ServeOptions
         from teola.server.runner import serve
     except ModuleNotFoundError as exc:

@@ -18,7 +18,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from teola.server.app import create_app
-from teola.server.apps import App, cwd_path, load_apps
+from teola.server.app_loading import cwd_path, load_apps, wrap_app
+from teola.server.apps import App
 from teola.server.options import ServeOptions
 
 
@@ -105,8 +106,6 @@ def serve(
     `options` (a `ServeOptions`) or single fields of it as keywords (`api_key="..."`).
     ray_address: the Ray cluster of `backend="ray"` (default: `RAY_ADDRESS`, else a local one).
     """
-    from teola.server.apps import wrap_app
-
     options = replace(options or ServeOptions(), **changes)
     ray = None if ray_address is None else {"address": ray_address}
     if isinstance(apps, dict):

@@ -50,10 +50,8 @@ Hits are `Document(id, text, metadata)`; metadata carries `distance` (cosine dis
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,42 +62,17 @@ from tenacity import retry, stop_after_delay, wait_exponential
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_adapters.pgvector.embedded import EmbeddedPostgres
+from teola_adapters.pgvector.errors import ConnectionLost, PgVectorError, first_line, is_connection_lost
+from teola_adapters.pgvector.location import default_pgdata, redact, sqlalchemy_url
+from teola_adapters.pgvector.schema import create_extension, create_hnsw_index, create_table
+from teola_adapters.pgvector.statements import Search, search_hits, search_query, upsert_rows
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document
 
 _BUNDLED_PROFILE = Path(__file__).with_name("profile.json")
 Ingest = tuple[int, str, list[str], Any]  # call index, collection, texts, vectors (matrix)
-Search = tuple[int, str, Any, int]  # call index, collection, query vectors (matrix), top_k
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
-
-
-def doc_id(text: str) -> str:
-    """A document's id: a hash of its text, so equal texts are one row of a collection."""
-    return "d" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def default_pgdata() -> Path:
-    """Where the embedded server keeps its data unless told otherwise (kept across runs)."""
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"teola-pgdata-{uid}"
-
-
-def sqlalchemy_url(url: str) -> str:
-    """A Postgres URL with the psycopg 3 driver named (what SQLAlchemy needs to pick it)."""
-    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    raise ValueError(f"not a Postgres URL: {url.split('@')[-1]!r}")
-
-
-class PgVectorError(RuntimeError):
-    """A database operation failed; the message names the primitive, the collection, the
-    database and the cause."""
-
-
-class _ConnectionLost(Exception):
-    """A batch lost its connection to the server; `__cause__` is SQLAlchemy's error."""
 
 
 class PgVectorStore(Engine):
@@ -151,46 +124,23 @@ class PgVectorStore(Engine):
             self.embedded = EmbeddedPostgres(Path(pgdata) if pgdata is not None else default_pgdata())
             url = self.embedded.url
         self.url = sqlalchemy_url(url)
-        self.where = _redact(self.url)
+        self.where = redact(self.url)
         sa = self._sa
         self.db = sa.create_engine(self.url, pool_size=max(1, concurrency), pool_pre_ping=True)
-        self._create_extension()
+        create_extension(self.db)
         sa.event.listen(self.db, "connect", lambda dbapi_conn, _record: register_vector(dbapi_conn))
         self.db.dispose()  # connections made before the listener lack the vector type
         self._recovery = threading.Lock()
         self._lost = False  # a batch lost its connection: reconnect before the next one
         self._dims: set[int] = set()
-        self._ensure_table()
+        create_table(self.db, self.table)
 
     # -- schema ----------------------------------------------------------------------
-    def _create_extension(self) -> None:
-        with self.db.begin() as conn:
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('teola-pgvector-schema'))")
-            conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
-
-    def _ensure_table(self) -> None:
-        t = self.table
-        with self.db.begin() as conn:
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('teola-pgvector-schema'))")
-            conn.exec_driver_sql(
-                f"CREATE TABLE IF NOT EXISTS {t} ("
-                "collection text NOT NULL, id text NOT NULL, dim integer NOT NULL, text text NOT NULL, "
-                "metadata jsonb NOT NULL DEFAULT '{}'::jsonb, embedding vector NOT NULL, "
-                "PRIMARY KEY (collection, id))"
-            )
-
     def _ensure_index(self, dim: int) -> None:
         """The HNSW cosine index of one dimension (created once, by whichever process is first)."""
         if dim in self._dims or not self.hnsw:
             return
-        t = self.table
-        with self.db.begin() as conn:
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(hashtext('teola-pgvector-schema'))")
-            conn.exec_driver_sql(
-                f"CREATE INDEX IF NOT EXISTS {t}_hnsw_{dim} ON {t} USING hnsw "
-                f"((embedding::vector({dim})) vector_cosine_ops) "
-                f"WITH (m = {int(self.m)}, ef_construction = {int(self.ef_construction)}) WHERE dim = {dim}"
-            )
+        create_hnsw_index(self.db, self.table, dim, self.m, self.ef_construction)
         self._dims.add(dim)
 
     # -- the protocol ----------------------------------------------------------------
@@ -225,7 +175,7 @@ class PgVectorStore(Engine):
             try:
                 self._recover_if_lost()
                 return self._attempt(calls)
-            except _ConnectionLost as lost:
+            except ConnectionLost as lost:
                 self._lost, cause = True, lost.__cause__
             except Exception as exc:  # the server could not be brought back
                 return [self._error(c, exc, restarting=True) for c in calls]
@@ -320,101 +270,39 @@ class PgVectorStore(Engine):
                 for i, collection, texts, vectors in ingests:
                     try:
                         with conn.begin_nested():
-                            self._write(conn, collection, texts, vectors)
+                            upsert_rows(sa, conn, self.table, collection, texts, vectors, self.ingest_chunk_rows)
                         outcomes.append((i, {"index": collection}))
                     except sa.exc.DBAPIError as exc:  # rolled back to the savepoint: nothing of it written
-                        if _is_lost(sa, exc):
+                        if is_connection_lost(sa, exc):
                             raise  # the whole transaction is gone, not just this call's part
                         outcomes.append((i, self._error(calls[i], exc)))
         except sa.exc.SQLAlchemyError as exc:  # the transaction failed: nothing of the batch is written
-            if _is_lost(sa, exc):
-                raise _ConnectionLost() from exc
+            if is_connection_lost(sa, exc):
+                raise ConnectionLost() from exc
             return [(i, self._error(calls[i], exc)) for i, _, _, _ in ingests]
         return outcomes
 
-    def _write(self, conn: Any, collection: str, texts: list[str], vectors: Any) -> None:
-        rows: dict[str, tuple[str, Any]] = {}
-        for text, vector in zip(texts, vectors, strict=True):
-            rows[doc_id(text)] = (text, vector)  # one row per text (the last vector wins)
-        ids = list(rows)
-        dim = int(vectors.shape[1]) if len(vectors) else 0
-        statement = self._sa.text(
-            f"INSERT INTO {self.table} (collection, id, dim, text, embedding) "
-            f"SELECT :collection, u.id, {dim}, u.text, u.embedding "
-            "FROM unnest(CAST(:ids AS text[]), CAST(:texts AS text[]), CAST(:embeddings AS vector[])) "
-            "AS u(id, text, embedding) "
-            "ON CONFLICT (collection, id) DO UPDATE SET text = EXCLUDED.text, dim = EXCLUDED.dim, "
-            "embedding = EXCLUDED.embedding"
-        )
-        for start in range(0, len(ids), self.ingest_chunk_rows):
-            chunk = ids[start : start + self.ingest_chunk_rows]
-            conn.execute(
-                statement,
-                {
-                    "collection": collection,
-                    "ids": chunk,
-                    "texts": [rows[k][0] for k in chunk],
-                    "embeddings": [rows[k][1] for k in chunk],
-                },
-            )
-
     def _search(self, searches: list[Search], calls: list[Call]) -> list[tuple[int, CallResult]]:
         sa = self._sa
-        # One row per query vector: (position, call index, collection, k, vector), grouped by dimension.
-        by_dim: dict[int, list[tuple[int, str, int, Any]]] = {}
-        owner: list[int] = []
-        collections: list[str] = []
-        for i, collection, matrix, top_k in searches:
-            for vector in matrix:
-                by_dim.setdefault(len(vector), []).append((len(owner), collection, top_k, vector))
-                owner.append(i)
-                collections.append(collection)
-        parts, params = [], {}
-        for n, (dim, queries) in enumerate(sorted(by_dim.items())):
-            parts.append(
-                f"SELECT q.qi, EXISTS (SELECT 1 FROM {self.table} c WHERE c.collection = q.coll) AS known, "
-                "h.id, h.text, h.metadata, h.distance "
-                f"FROM unnest(CAST(:qi{n} AS integer[]), CAST(:coll{n} AS text[]), CAST(:k{n} AS integer[]), "
-                f"CAST(:vec{n} AS vector[])) AS q(qi, coll, k, vec) "
-                "LEFT JOIN LATERAL ("
-                f"SELECT d.id, d.text, d.metadata, (d.embedding::vector({dim})) <=> q.vec::vector({dim}) AS distance "
-                f"FROM {self.table} d WHERE d.dim = {dim} AND d.collection = q.coll "
-                "ORDER BY distance, d.id LIMIT q.k) h ON true"
-            )
-            params |= {
-                f"qi{n}": [q[0] for q in queries],
-                f"coll{n}": [q[1] for q in queries],
-                f"k{n}": [q[2] for q in queries],
-                f"vec{n}": [q[3] for q in queries],
-            }
-        statement = sa.text(" UNION ALL ".join(parts) + " ORDER BY 1, 6, 3")
+        query = search_query(self.table, searches)
+        statement = sa.text(query.sql)
         try:
             with self.db.begin() as conn:
                 conn.exec_driver_sql(f"SET LOCAL hnsw.ef_search = {int(self.ef_search)}")
                 conn.exec_driver_sql("SET LOCAL hnsw.iterative_scan = strict_order")
                 if self.exact:
                     conn.exec_driver_sql("SET LOCAL enable_indexscan = off")
-                rows = conn.execute(statement, params).all()
+                rows = conn.execute(statement, query.params).all()
         except sa.exc.SQLAlchemyError as exc:
-            if _is_lost(sa, exc):
-                raise _ConnectionLost() from exc
+            if is_connection_lost(sa, exc):
+                raise ConnectionLost() from exc
             return [(i, self._error(calls[i], exc)) for i, _, _, _ in searches]
-        hits: list[list[Document]] = [[] for _ in owner]
-        known = [True] * len(owner)
-        for row in rows:
-            known[row.qi] = bool(row.known)
-            if row.id is not None:
-                metadata = {**(row.metadata or {}), "distance": float(row.distance), "collection": collections[row.qi]}
-                hits[row.qi].append(Document(row.id, row.text, metadata))
         outcomes: list[tuple[int, CallResult]] = []
-        position = 0
-        for i, collection, matrix, _ in searches:
-            mine = range(position, position + len(matrix))
-            position += len(matrix)
-            if not all(known[p] for p in mine):
+        for i, collection, hits in search_hits(searches, query, rows):
+            if hits is None:
                 outcomes.append((i, KeyError(f"{self.name}: no collection {collection!r} in {self.where}")))
-                continue
-            outcomes.append((i, {"hits": [hits[p] for p in mine]}))
+            else:
+                outcomes.append((i, {"hits": hits}))
         return outcomes
 
     def _error(self, call: Call, exc: BaseException, *, lost: bool = False, restarting: bool = False) -> PgVectorError:
@@ -423,7 +311,7 @@ class PgVectorStore(Engine):
             what = f"ingest into collection {call.node.config.get('collection', call.query_id)!r}"
         else:
             what = f"search of collection {call.inputs.get('index')!r}"
-        cause = _first_line(exc)
+        cause = first_line(exc)
         if restarting:
             cause = f"the connection was lost and the server could not be brought back: {cause}"
         elif lost:
@@ -431,20 +319,3 @@ class PgVectorStore(Engine):
         error = PgVectorError(f"{call.node.describe()}: {what} failed on {self.where}: {cause}")
         error.__cause__ = exc
         return error
-
-
-def _is_lost(sa: Any, exc: BaseException) -> bool:
-    """Whether an error means the connection (or the server) is gone, not a bad statement."""
-    return bool(getattr(exc, "connection_invalidated", False)) or isinstance(
-        exc, sa.exc.OperationalError | sa.exc.PendingRollbackError
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for error messages."""
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

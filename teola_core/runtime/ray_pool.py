@@ -15,7 +15,7 @@ callers): its state is guarded by a lock and results arrive as Ray futures.
 
 Routing: a batch goes to the least-loaded *ready* replica (ties rotate); a decode whose
 KV handle this pool produced goes to the actor that holds its state (the pool tags each
-handle with it). Replicas that are lost are replaced (`teola_core.runtime.ray_replicas`).
+handle with it: `ray_kv_pins`). Replicas that are lost are replaced (`ray_replicas`).
 
 A call that was running on a lost actor is re-sent once to another replica (engine calls
 are stateless), except a call whose KV state lived there, an INGEST (a write may have
@@ -31,12 +31,10 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from teola_core.engines.protocol import Call, CallResult, Engine
 from teola_core.ir.kinds import PrimitiveKind
-from teola_core.ir.types import KVHandle
 from teola_core.runtime.ray_actor import (
     NOBODY,
     ActorInfo,
@@ -48,8 +46,10 @@ from teola_core.runtime.ray_actor import (
     engine_error,
     require_ray,
 )
+from teola_core.runtime.ray_kv_pins import PinnedToken, pin_kv_handles, unpin_call
 from teola_core.runtime.ray_options import DEFAULT_REPLICA_WAIT_S, EngineOptions
-from teola_core.runtime.ray_replicas import Incarnation, Replicas
+from teola_core.runtime.ray_replica_state import Incarnation
+from teola_core.runtime.ray_replicas import Replicas
 
 __all__ = [
     "ActorInfo",
@@ -64,16 +64,6 @@ EngineFactory = Callable[[], Engine]
 
 # Calls that are not re-sent after their actor was lost: a write may already have happened.
 _NOT_RETRIED = frozenset({PrimitiveKind.INGEST})
-
-
-@dataclass(frozen=True)
-class _Pinned:
-    """A KV handle's engine-private token, tagged with the pool and actor that hold its state."""
-
-    pool: str
-    slot: int
-    actor_id: str
-    token: Any
 
 
 class RayEnginePool(Engine):
@@ -240,7 +230,7 @@ class RayEnginePool(Engine):
         wire: list[Call] = []
         groups: dict[tuple[Incarnation | None, bool], list[int]] = {}
         for i, call in enumerate(calls):
-            pin, plain = self._unpin(call)
+            pin, plain = unpin_call(self._id, call)
             wire.append(plain)
             holder = self._holder(pin)
             if pin is not None and pin.token is not None and holder is None:
@@ -262,7 +252,7 @@ class RayEnginePool(Engine):
         return results
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
-        pin, plain = self._unpin(call)
+        pin, plain = unpin_call(self._id, call)
         holder = self._holder(pin)
         if pin is not None and pin.token is not None and holder is None:
             raise self._kv_lost(pin)
@@ -330,7 +320,7 @@ class RayEnginePool(Engine):
         if len(out) != len(batch):
             error = RuntimeError(f"engine {self.name!r} returned {len(out)} results for a batch of {len(batch)} calls")
             return [error] * len(batch)
-        return [self._pin(lease, r) for r in out]
+        return [pin_kv_handles(self._id, lease.info, r) for r in out]
 
     async def _lease_after_loss(self, lost: Incarnation, n: int, exc: BaseException) -> Incarnation:
         """Another replica for calls whose actor was lost; its error names the lost actor."""
@@ -354,7 +344,7 @@ class RayEnginePool(Engine):
         error.__cause__ = exc
         return error
 
-    def _kv_lost(self, pin: _Pinned) -> EngineActorError:
+    def _kv_lost(self, pin: PinnedToken) -> EngineActorError:
         info = self._replicas.last(pin.slot)
         if info is None or info.actor_id != pin.actor_id:
             info = dataclasses.replace(NOBODY, slot=pin.slot)
@@ -366,34 +356,8 @@ class RayEnginePool(Engine):
         )
 
     # -- KV affinity -----------------------------------------------------------------------
-    def _holder(self, pin: _Pinned | None) -> Incarnation | None:
+    def _holder(self, pin: PinnedToken | None) -> Incarnation | None:
         return None if pin is None else self._replicas.holder(pin.slot, pin.actor_id)
-
-    def _pin(self, incarnation: Incarnation, result: CallResult) -> CallResult:
-        info = incarnation.info
-        if info is None or isinstance(result, BaseException) or not isinstance(result, Mapping):
-            return result
-        if not any(isinstance(v, KVHandle) for v in result.values()):
-            return result
-        return {
-            k: dataclasses.replace(v, token=_Pinned(self._id, info.slot, info.actor_id, v.token))
-            if isinstance(v, KVHandle)
-            else v
-            for k, v in result.items()
-        }
-
-    def _unpin(self, call: Call) -> tuple[_Pinned | None, Call]:
-        """The pin of this call's KV state (if any), and the call as the actor gets it (plain handles).
-
-        Only the query id, node and inputs travel: per-query state of the driver stays there.
-        """
-        pin: _Pinned | None = None
-        inputs = dict(call.inputs)
-        for port, value in call.inputs.items():
-            if isinstance(value, KVHandle) and isinstance(value.token, _Pinned) and value.token.pool == self._id:
-                pin = value.token if pin is None else pin
-                inputs[port] = dataclasses.replace(value, token=value.token.token)
-        return pin, Call(call.query_id, call.node, inputs)
 
 
 class _ActorLost(Exception):

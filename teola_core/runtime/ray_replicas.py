@@ -20,58 +20,16 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from teola_core.runtime.ray_actor import ActorInfo, EngineDescription, EngineUnavailableError, require_ray
 from teola_core.runtime.ray_options import EngineOptions
+from teola_core.runtime.ray_placement import placement_modelled, unplaceable_reason
+from teola_core.runtime.ray_replica_errors import none_ready, pool_unavailable, replica_cannot_run
+from teola_core.runtime.ray_replica_state import Incarnation, ReplicaSignal, ReplicaSlot, wait_for_change
 
-# Scheduling options the placement check cannot model: with them, a replica is assumed placeable.
-_UNMODELLED = ("scheduling_strategy", "placement_group", "label_selector", "accelerator_type")
 _RECHECK_S = 1.0  # at most one placement check per second, when calls find no ready replica
-
-
-class Incarnation:
-    """One actor of a slot; a replacement is a new incarnation (calls in flight keep theirs)."""
-
-    __slots__ = ("actor", "info", "load")
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.info: ActorInfo | None = None
-        self.load = 0  # calls in flight
-
-
-class _Replica:
-    __slots__ = ("current", "final", "last", "restarts", "served", "slot", "state", "why")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.state = "idle"  # idle -> starting -> ready -> starting (replacement) ... | lost | closed
-        self.current: Incarnation | None = None
-        self.last: ActorInfo | None = None  # the latest incarnation that was ready
-        self.restarts = 0
-        self.served = 0
-        self.why = ""  # why it is lost
-        self.final = False  # lost for good (its engine cannot build, or no restarts left)
-
-
-class _Signal:
-    """Wakes every waiter, on any thread or event loop, when the pool's replicas change."""
-
-    def __init__(self) -> None:
-        self._waiters: list[concurrent.futures.Future[None]] = []
-
-    def waiter(self) -> concurrent.futures.Future[None]:  # call under the pool's lock
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._waiters.append(future)
-        return future
-
-    def notify(self) -> None:  # call under the pool's lock
-        waiters, self._waiters = self._waiters, []
-        for future in waiters:
-            if future.set_running_or_notify_cancel():
-                future.set_result(None)
 
 
 class Replicas:
@@ -89,11 +47,11 @@ class Replicas:
         self._factory = factory
         self._actor_class = actor_class
         self._options = options
-        self._placement_modelled = not any(k in options.actor_options for k in _UNMODELLED)
+        self._placement_modelled = placement_modelled(options)
         self._ray = require_ray()
         self._lock = threading.Lock()
-        self._signal = _Signal()
-        self._replicas = [_Replica(slot) for slot in range(options.num_replicas)]
+        self._signal = ReplicaSignal()
+        self._replicas = [ReplicaSlot(slot) for slot in range(options.num_replicas)]
         self._maintenance: concurrent.futures.ThreadPoolExecutor | None = None
         self._cursor = 0
         self._closed = False
@@ -206,7 +164,9 @@ class Replicas:
         while True:
             with self._lock:
                 lost = [r for r in self._replicas if r.state == "lost"]
-                error = self._unavailable() or (self._replica_error(lost[0]) if lost else None)
+                error = self._unavailable() or (
+                    replica_cannot_run(self.name, lost[0], len(self._replicas)) if lost else None
+                )
                 if error is None and all(r.state == "ready" for r in self._replicas):
                     return
                 waiter = None if error else self._signal.waiter()
@@ -216,7 +176,7 @@ class Replicas:
             if time.monotonic() >= deadline:
                 waiter.cancel()
                 raise self._not_ready()
-            await _changed(waiter, deadline)
+            await wait_for_change(waiter, deadline)
 
     async def lease(self, holder: Incarnation | None, n: int, *, resent: bool = False) -> Incarnation:
         """A ready incarnation for `n` calls (the holder if it is still ready), counted as loaded.
@@ -247,7 +207,7 @@ class Replicas:
             if time.monotonic() >= deadline:
                 waiter.cancel()
                 raise self._not_ready()
-            await _changed(waiter, deadline)
+            await wait_for_change(waiter, deadline)
 
     def _pick(self, holder: Incarnation | None) -> Incarnation | None:
         """The holder if ready, else the least-loaded ready incarnation (ties rotate). Under the lock."""
@@ -263,35 +223,11 @@ class Replicas:
         return chosen.current
 
     def _unavailable(self) -> EngineUnavailableError | None:
-        """Why no call can run now (under the lock), or None when waiting may help.
-
-        `final` errors (failed, closed, replicas that cannot come back) need no placement check.
-        """
-        if self._failed is not None:
-            error = EngineUnavailableError(
-                f"engine {self.name!r}: its Ray actors could not start: {self._failed}", engine=self.name, final=True
-            )
-            error.__cause__ = self._failed
-            return error
-        if self._closed:
-            return EngineUnavailableError(f"engine {self.name!r}: its Ray pool is closed", engine=self.name, final=True)
-        if all(r.state == "lost" for r in self._replicas):
-            why = "; ".join(dict.fromkeys(r.why for r in self._replicas))
-            final = all(r.final for r in self._replicas)
-            message = f"engine {self.name!r}: no replica can run: {why}"
-            return EngineUnavailableError(message, engine=self.name, final=final)
-        return None
-
-    def _replica_error(self, replica: _Replica) -> EngineUnavailableError:
-        message = f"engine {self.name!r}: replica {replica.slot + 1} of {len(self._replicas)} cannot run: {replica.why}"
-        return EngineUnavailableError(message, engine=self.name, final=replica.final)
+        """Why no call can run now (under the lock), or None when waiting may help."""
+        return pool_unavailable(self.name, self._replicas, self._failed, self._closed)
 
     def _not_ready(self) -> EngineUnavailableError:
-        return EngineUnavailableError(
-            f"engine {self.name!r}: no replica was ready within replica_wait_s={self._options.replica_wait_s} "
-            f"(replicas: {', '.join(self.states)})",
-            engine=self.name,
-        )
+        return none_ready(self.name, self._options.replica_wait_s, self.states)
 
     def _claim_check(self) -> bool:
         """Whether this caller should run a placement check now (none running, none in the last second)."""
@@ -435,23 +371,5 @@ class Replicas:
         """None when some live node offers what a replica needs; else why none does."""
         if not self._placement_modelled:
             return None
-        need = self._options.request()
-        alive = [n for n in self._ray.nodes() if n.get("Alive")]
-        if any(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in need.items()) for n in alive):
-            return None
-        lost = sorted({f"{r.last.node_id[:12]} at {r.last.node_ip}" for r in self._replicas if r.last is not None})
-        where = f"; it ran on node {', '.join(lost)}, which is gone" if lost else ""
-        return f"no live Ray node offers what a replica needs ({_format(need)}){where}"
-
-
-async def _changed(waiter: concurrent.futures.Future[None], deadline: float) -> None:
-    """Wait for the pool's signal (from any thread) until `deadline` (monotonic)."""
-    wakeup = asyncio.wrap_future(waiter)
-    try:
-        await asyncio.wait({wakeup}, timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        wakeup.cancel()
-
-
-def _format(need: Mapping[str, float]) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in sorted(need.items()))
+        ran_on = [r.last for r in self._replicas if r.last is not None]
+        return unplaceable_reason(self._options.request(), self._ray.nodes(), ran_on)

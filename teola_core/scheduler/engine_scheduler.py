@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from itertools import count
 
-from teola_core.engines.protocol import Engine
+from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.scheduler.events import (
     BatchFinished,
     CancelBatch,
@@ -107,6 +107,26 @@ class EngineScheduler:
             instances=engine.limits.instances,
             batch_cost=batch_cost_of(engine, limit if name in overrides else engine.limits.max_batch_items),
         )
+
+    @classmethod
+    def for_engines(
+        cls,
+        engines: EngineSet,
+        *,
+        policy: str = "topology",
+        to_max_batch: int | None = None,
+        max_batch: Mapping[str, int | None] | None = None,
+    ) -> dict[str, EngineScheduler]:
+        """One scheduler per engine of the set, by name (`for_engine`); `max_batch` may name
+        only engines of the set."""
+        overrides = dict(max_batch or {})
+        unknown = set(overrides) - set(engines.engines)
+        if unknown:
+            raise ValueError(f"max_batch names unknown engine(s) {sorted(unknown)}")
+        return {
+            name: cls.for_engine(name, engine, policy=policy, to_max_batch=to_max_batch, max_batch=overrides)
+            for name, engine in engines.engines.items()
+        }
 
     @property
     def pending(self) -> int:

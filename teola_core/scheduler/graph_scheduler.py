@@ -5,19 +5,9 @@ returns actions (see `teola_core.scheduler.events`); no I/O, no clock, no engine
 graph computes is defined by `teola_core.runtime.reference`; this machine reaches the same
 outputs, only as early as the dependencies allow.
 
-State, per query (`_Query`), over the node indexes of its graph's `_Plan`:
-
-    state      node -> waiting | ready | running | done | skipped | failed | cancelled
-    remaining  node -> in-edges (data and control) whose source has not settled yet
-    skip       node -> some settled source decided that this node is skipped
-    outputs    node -> its output values, once done
-    in_flight  dispatched nodes not yet finished (ready or running)
-    unsettled  nodes neither done nor skipped; the query is done when it reaches 0
-    story      every transition (node, from, to, time, cause), for `InvalidTransition`
-
-Per graph, once (`_Plan`, cached by graph): node indexes, in-edge counts, each node's
-producers (for its inputs) and consumers (data edges: does a skip propagate along it;
-control edges: the guard's branch).
+Its records, per graph (`GraphPlan`) and per query (`QueryState`), are in
+`teola_core.scheduler.graph_state`; this module holds the transitions, the only code that
+changes them.
 
 Transitions:
 
@@ -42,15 +32,12 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable
 from typing import Any
 
 from teola_core.ir.errors import GraphError, PrimitiveError
 from teola_core.ir.graph import Graph
-from teola_core.ir.kinds import PrimitiveKind
-from teola_core.ir.node import ItemSlice, Node
+from teola_core.ir.node import Node
 from teola_core.scheduler.events import (
     CancelNodes,
     Dispatch,
@@ -65,17 +52,15 @@ from teola_core.scheduler.events import (
     QuerySubmitted,
     SchedulerError,
 )
-
-
-class NodeState(StrEnum):
-    WAITING = "waiting"
-    READY = "ready"
-    RUNNING = "running"
-    DONE = "done"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
+from teola_core.scheduler.graph_state import (
+    ROLE_DISPATCHED,
+    ROLE_INPUT,
+    GraphPlan,
+    InvalidTransition,
+    NodeState,
+    QueryState,
+    Transition,
+)
 
 _W, _R, _X, _D, _S, _F, _C = (
     NodeState.WAITING,
@@ -86,133 +71,6 @@ _W, _R, _X, _D, _S, _F, _C = (
     NodeState.FAILED,
     NodeState.CANCELLED,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """One line of a node's story."""
-
-    node_id: str
-    start: NodeState
-    finish: NodeState
-    now: float
-    cause: str
-
-
-class InvalidTransition(SchedulerError):
-    """An event asked a node for a transition its state does not allow; carries its story."""
-
-    def __init__(
-        self, query_id: str, node_id: str, start: NodeState | None, finish: str, story: list[Transition]
-    ) -> None:
-        lines = "\n".join(f"  {t.now:.6f} {t.start} -> {t.finish} ({t.cause})" for t in story) or "  (no story)"
-        where = f"in state {start}" if start is not None else "unknown to the query"
-        super().__init__(f"query {query_id}: node {node_id!r} {where} cannot become {finish}; story:\n{lines}")
-        self.query_id = query_id
-        self.node_id = node_id
-        self.start = start
-        self.finish = finish
-        self.story = story
-
-
-# Roles a plan gives its nodes: completed by the scheduler itself, or dispatched.
-_INPUT, _OUTPUT, _DISPATCHED = 0, 1, 2
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """A graph's indexes, built once and shared by every query that runs the graph."""
-
-    graph: Graph
-    ids: tuple[str, ...]
-    index: Mapping[str, int]
-    nodes: tuple[Node, ...]
-    roles: tuple[int, ...]
-    in_count: tuple[int, ...]
-    # per node: (producer index, producer port, own port, slice) for each data in-edge
-    producers: tuple[tuple[tuple[int, str, str, ItemSlice | None], ...], ...]
-    # per node: (consumer index, skipped-if-this-is-skipped) for each data out-edge
-    data_out: tuple[tuple[tuple[int, bool], ...], ...]
-    # per node: (dependent index, guard branch or None) for each control out-edge
-    control_out: tuple[tuple[tuple[int, int | None], ...], ...]
-    is_condition: tuple[bool, ...]
-    roots: tuple[int, ...]
-
-    @classmethod
-    def of(cls, graph: Graph) -> _Plan:
-        ids = tuple(graph.nodes)
-        index = {node_id: i for i, node_id in enumerate(ids)}
-        nodes = tuple(graph.nodes[i] for i in ids)
-        in_count = [0] * len(ids)
-        producers: list[list[tuple[int, str, str, ItemSlice | None]]] = [[] for _ in ids]
-        data_out: list[list[tuple[int, bool]]] = [[] for _ in ids]
-        control_out: list[list[tuple[int, int | None]]] = [[] for _ in ids]
-        for e in graph.data_edges:
-            src, dst = index[e.src], index[e.dst]
-            port = nodes[dst].input_port(e.dst_port)
-            required = port is None or not port.optional
-            producers[dst].append((src, e.src_port, e.dst_port, e.select))
-            data_out[src].append((dst, required))
-            in_count[dst] += 1
-        for c in graph.control_edges:
-            src, dst = index[c.src], index[c.dst]
-            control_out[src].append((dst, c.branch))
-            in_count[dst] += 1
-        roles = tuple(
-            _INPUT if n.kind == PrimitiveKind.INPUT else _OUTPUT if n.kind == PrimitiveKind.OUTPUT else _DISPATCHED
-            for n in nodes
-        )
-        return cls(
-            graph=graph,
-            ids=ids,
-            index=index,
-            nodes=nodes,
-            roles=roles,
-            in_count=tuple(in_count),
-            producers=tuple(tuple(p) for p in producers),
-            data_out=tuple(tuple(d) for d in data_out),
-            control_out=tuple(tuple(c) for c in control_out),
-            is_condition=tuple(n.kind == PrimitiveKind.CONDITION for n in nodes),
-            roots=tuple(i for i, n in enumerate(in_count) if n == 0),
-        )
-
-
-class _Query:
-    """One query's mutable state (see the module docstring)."""
-
-    __slots__ = (
-        "arrival",
-        "depths",
-        "in_flight",
-        "inputs",
-        "outputs",
-        "plan",
-        "query_id",
-        "remaining",
-        "result",
-        "skip",
-        "state",
-        "story",
-        "unsettled",
-    )
-
-    def __init__(
-        self, query_id: str, plan: _Plan, inputs: Mapping[str, Any], depths: tuple[float, ...], arrival: float
-    ) -> None:
-        n = len(plan.ids)
-        self.query_id = query_id
-        self.plan = plan
-        self.inputs = inputs
-        self.depths = depths
-        self.arrival = arrival
-        self.state: list[NodeState] = [_W] * n
-        self.remaining: list[int] = list(plan.in_count)
-        self.skip = bytearray(n)
-        self.outputs: list[Mapping[str, Any] | None] = [None] * n
-        self.in_flight: dict[int, None] = {}  # ordered set
-        self.unsettled = n
-        self.result: dict[str, Any] = {}
-        self.story: list[Transition] = []
 
 
 class _QueryEnded(Exception):
@@ -233,8 +91,8 @@ class GraphScheduler:
     def __init__(self, depth_cost: Callable[[Node], float] | None = None) -> None:
         """depth_cost: a node's weight in depths (default 1: path length in nodes)."""
         self._depth_cost = depth_cost
-        self._queries: dict[str, _Query] = {}
-        self._plans: weakref.WeakKeyDictionary[Graph, tuple[_Plan, tuple[float, ...]]] = weakref.WeakKeyDictionary()
+        self._queries: dict[str, QueryState] = {}
+        self._plans: weakref.WeakKeyDictionary[Graph, tuple[GraphPlan, tuple[float, ...]]] = weakref.WeakKeyDictionary()
 
     # -- introspection -------------------------------------------------------------------
     def __contains__(self, query_id: object) -> bool:
@@ -298,10 +156,10 @@ class GraphScheduler:
         plan, default_depths = self._plan(event.graph)
         depths = default_depths if event.depths is None else tuple(float(event.depths.get(i, 0.0)) for i in plan.ids)
         arrival = event.now if event.arrival is None else event.arrival
-        q = _Query(event.query_id, plan, event.inputs, depths, arrival)
+        q = QueryState(event.query_id, plan, event.inputs, depths, arrival)
         # Check the inputs first, so a query with a missing one dispatches nothing.
         for i in plan.roots:
-            if plan.roles[i] == _INPUT and plan.nodes[i].config["name"] not in event.inputs:
+            if plan.roles[i] == ROLE_INPUT and plan.nodes[i].config["name"] not in event.inputs:
                 return [QueryFailed(query_id=q.query_id, error=self._missing_input(q, i))]
         self._queries[q.query_id] = q
         actions: list[GraphAction] = []
@@ -314,24 +172,24 @@ class GraphScheduler:
             actions.append(QueryDone(query_id=q.query_id, outputs=q.result))
         return actions
 
-    def _plan(self, graph: Graph) -> tuple[_Plan, tuple[float, ...]]:
+    def _plan(self, graph: Graph) -> tuple[GraphPlan, tuple[float, ...]]:
         cached = self._plans.get(graph)
         if cached is None:
-            plan = _Plan.of(graph)
+            plan = GraphPlan.of(graph)
             depth = graph.depths(self._depth_cost)
             cached = (plan, tuple(depth[i] for i in plan.ids))
             self._plans[graph] = cached
         return cached
 
     # -- transitions ---------------------------------------------------------------------
-    def _index(self, q: _Query, node_id: str, finish: NodeState) -> int:
+    def _index(self, q: QueryState, node_id: str, finish: NodeState) -> int:
         i = q.plan.index.get(node_id)
         if i is None:
             raise InvalidTransition(q.query_id, node_id, None, finish, [])
         return i
 
     def _move(
-        self, q: _Query, i: int, allowed: tuple[NodeState, ...], finish: NodeState, now: float, cause: str
+        self, q: QueryState, i: int, allowed: tuple[NodeState, ...], finish: NodeState, now: float, cause: str
     ) -> None:
         start = q.state[i]
         if start not in allowed:
@@ -340,19 +198,19 @@ class GraphScheduler:
         q.state[i] = finish
         q.story.append(Transition(q.plan.ids[i], start, finish, now, cause))
 
-    def _finished(self, q: _Query, event: NodeFinished, actions: list[GraphAction]) -> None:
+    def _finished(self, q: QueryState, event: NodeFinished, actions: list[GraphAction]) -> None:
         i = self._index(q, event.node_id, _D)
         self._move(q, i, (_R, _X), _D, event.now, "finished")
         del q.in_flight[i]
         q.outputs[i] = event.outputs
         self._settle(q, i, event.now, actions)
 
-    def _settle(self, q: _Query, first: int, now: float, actions: list[GraphAction]) -> None:
+    def _settle(self, q: QueryState, first: int, now: float, actions: list[GraphAction]) -> None:
         """`first` is done or skipped: tell its dependents, resolve those now unblocked."""
         self._resolve(q, deque(), now, actions, settled=first)
 
     def _resolve(
-        self, q: _Query, unblocked: deque[int], now: float, actions: list[GraphAction], settled: int | None = None
+        self, q: QueryState, unblocked: deque[int], now: float, actions: list[GraphAction], settled: int | None = None
     ) -> None:
         """Settle `settled` (if given) and decide every node that becomes unblocked.
 
@@ -389,7 +247,7 @@ class GraphScheduler:
                     settled_queue.append(i)
                     continue
                 role = plan.roles[i]
-                if role == _DISPATCHED:
+                if role == ROLE_DISPATCHED:
                     self._move(q, i, (_W,), _R, now, "inputs ready")
                     q.in_flight[i] = None
                     actions.append(
@@ -401,7 +259,7 @@ class GraphScheduler:
                             arrival=q.arrival,
                         )
                     )
-                elif role == _INPUT:
+                elif role == ROLE_INPUT:
                     name = plan.nodes[i].config["name"]
                     if name not in q.inputs:
                         raise _QueryEnded(self._missing_input(q, i))
@@ -413,7 +271,7 @@ class GraphScheduler:
                     q.result = self._gather(q, i)
                     settled_queue.append(i)
 
-    def _gather(self, q: _Query, i: int) -> dict[str, Any]:
+    def _gather(self, q: QueryState, i: int) -> dict[str, Any]:
         """The node's input values; inputs from skipped producers are left out (as in
         `ops.gather_inputs`)."""
         gathered: dict[str, Any] = {}
@@ -425,11 +283,11 @@ class GraphScheduler:
                 gathered[port] = select.apply(value) if select is not None else value
         return gathered
 
-    def _missing_input(self, q: _Query, i: int) -> GraphError:
+    def _missing_input(self, q: QueryState, i: int) -> GraphError:
         name = q.plan.nodes[i].config["name"]
         return GraphError(f"query input {name!r} is missing (graph {q.plan.graph.name!r} needs it)")
 
-    def _end(self, q: _Query, now: float, cause: str, error: BaseException | None) -> list[GraphAction]:
+    def _end(self, q: QueryState, now: float, cause: str, error: BaseException | None) -> list[GraphAction]:
         """Forget a failed or cancelled query; its dispatched nodes are to be cancelled."""
         del self._queries[q.query_id]
         in_flight = tuple(q.in_flight)

@@ -23,7 +23,8 @@ from teola_core.scheduler.events import (
     QuerySubmitted,
     SchedulerError,
 )
-from teola_core.scheduler.graph_scheduler import GraphScheduler, InvalidTransition, NodeState
+from teola_core.scheduler.graph_scheduler import GraphScheduler
+from teola_core.scheduler.graph_state import InvalidTransition, NodeState
 
 
 def _chain() -> Graph:

@@ -16,7 +16,7 @@ from li_fakes import make_index, make_llm
 from llama_index.core import PromptTemplate
 
 from teola.server import BackgroundServer, create_app, wrap_app
-from teola.server.apps import LlamaIndexApp
+from teola.server.framework_apps import LlamaIndexApp
 
 HAS_PIPELINE = importlib.util.find_spec("llama_index.core.query_pipeline") is not None
 

@@ -18,7 +18,7 @@ from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 import teola  # noqa: E402
 from teola.cli import main  # noqa: E402
 from teola.server.app import create_app  # noqa: E402
-from teola.server.apps import wrap_app  # noqa: E402
+from teola.server.app_loading import wrap_app  # noqa: E402
 from teola.server.runner import BackgroundServer  # noqa: E402
 
 PROMPT = ChatPromptTemplate.from_messages([("system", "Answer briefly."), ("human", "{context}\n\nQ: {question}")])

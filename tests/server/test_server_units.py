@@ -6,8 +6,10 @@ import pytest
 from pydantic import BaseModel
 
 from teola.cli import main
-from teola.server.apps import AppSpec, LangChainApp, is_app, load_apps, wrap_app
+from teola.server.app_loading import AppSpec, load_apps, wrap_app
+from teola.server.apps import is_app
 from teola.server.errors import APIError
+from teola.server.framework_apps import LangChainApp
 from teola.server.inputs import to_app_input
 
 

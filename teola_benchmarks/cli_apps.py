@@ -1,0 +1,115 @@
+"""`teola bench --langchain / --llamaindex / --langgraph EXAMPLE`: an example app, its own
+execution vs `teola.optimize`, on simulated OpenAI-compatible servers; `--call-overhead`:
+Teola's cost per call on zero-latency LangChain chains. Each needs its framework, imported
+only when its bench runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+from teola.cli_support import working
+from teola_benchmarks.framework_result import FrameworkBenchResult
+
+
+def run_call_overhead(args: argparse.Namespace) -> int:
+    """`--call-overhead`: per-call cost on zero-latency chains (needs langchain-core)."""
+    from teola_benchmarks.langchain.call_overhead import measure_call_overhead
+
+    with working("per-call overhead on zero-latency LangChain chains"):
+        table = measure_call_overhead(calls=args.queries or 200)
+    if args.json:
+        print(json.dumps(table.to_json()))
+        return 0
+    for row in table.rows:
+        print(
+            f"{row.chain:<20} {row.method:<8} langchain {row.langchain_s * 1e6:8.1f} us   "
+            f"teola {row.teola_s * 1e6:8.1f} us   {row.ratio:.2f}x"
+        )
+    return 0
+
+
+def run_langchain_bench(args: argparse.Namespace) -> int:
+    """`--langchain EXAMPLE`: needs langchain-openai, fastapi and uvicorn (imported only here)."""
+    from teola_benchmarks.langchain.bench import bench_langchain, overhead_langchain
+
+    if args.overhead:
+        with working(f"{args.langchain}: invoke overhead on zero-latency fakes"):
+            overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
+        if args.json:
+            print(json.dumps(overhead.to_json()))
+        else:
+            print(
+                f"{overhead.example}: invoke {overhead.langchain_s * 1e3:.2f} ms (langchain) vs "
+                f"{overhead.teola_s * 1e3:.2f} ms (teola) on zero-latency fakes: {overhead.ratio:.2f}x"
+            )
+        return 0
+    time_scale = _app_time_scale(args, " (use --overhead for zero-latency fakes)")
+    with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
+        result = bench_langchain(
+            args.langchain,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+        )
+    return _report_app(args, result, result.example)
+
+
+def _app_time_scale(args: argparse.Namespace, hint: str = "") -> float:
+    """An app bench's time scale (0.5 unless given), which must be > 0."""
+    time_scale = 0.5 if args.time_scale is None else args.time_scale
+    if time_scale <= 0:
+        raise SystemExit(f"teola bench: --time-scale must be > 0{hint}")
+    return time_scale
+
+
+def _report_app(args: argparse.Namespace, result: FrameworkBenchResult, title: str) -> int:
+    """An app bench's result: one JSON object with --json, else its table."""
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    Console().print(result.table(title))
+    return 0
+
+
+def run_llamaindex_bench(args: argparse.Namespace) -> int:
+    """`--llamaindex EXAMPLE`: needs openai, fastapi and uvicorn (QueryPipelines: llama-index-core <= 0.12)."""
+    from teola_benchmarks.llamaindex.bench import bench_llamaindex
+
+    if args.overhead:
+        raise SystemExit("teola bench: --overhead is not available with --llamaindex")
+    time_scale = _app_time_scale(args)
+    with working(f"{args.llamaindex}: LlamaIndex vs teola.optimize on simulated servers"):
+        result = bench_llamaindex(
+            args.llamaindex,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+        )
+    return _report_app(args, result, f"{result.example} (LlamaIndex)")
+
+
+def run_langgraph_bench(args: argparse.Namespace) -> int:
+    """`--langgraph EXAMPLE`: needs langchain-openai, fastapi and uvicorn (imported only here)."""
+    from teola_benchmarks.langgraph.bench import bench_langgraph
+
+    if args.overhead:
+        raise SystemExit("teola bench: --overhead is not available with --langgraph")
+    time_scale = _app_time_scale(args)
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise SystemExit("teola bench: --max-num-seqs must be >= 1")
+    with working(f"{args.langgraph}: LangGraph vs teola.optimize on simulated servers"):
+        result = bench_langgraph(
+            args.langgraph,
+            queries=args.queries or 16,
+            concurrency=args.concurrency,
+            time_scale=time_scale,
+            batching=args.batching,
+            max_num_seqs=args.max_num_seqs,
+        )
+    bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
+    return _report_app(args, result, f"{result.example} (LangGraph{bound})")

@@ -1,0 +1,132 @@
+"""The shared runtime of one optimized workflow: its engines, a `LocalRuntime` per event loop,
+and each call's small graph at its step's depth.
+
+`CallRouter` keeps one `LocalRuntime` per event loop, shared by every run of a workflow, so
+concurrent runs' calls meet in the same engine schedulers; a call's depth is its step's
+(`workflows.step_depths`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from teola_core.engines.protocol import Engine, EngineSet
+from teola_core.ir.builder import GraphBuilder, Value
+from teola_core.ir.errors import PrimitiveError
+from teola_core.ir.graph import Graph
+from teola_core.ir.kinds import PortSpec, PrimitiveKind
+from teola_core.ir.node import Node
+from teola_core.ir.types import PortType
+from teola_core.runtime.base import RuntimeHook
+from teola_core.runtime.local import LocalRuntime
+from teola_llamaindex.common import unwrap_error
+
+try:  # the workflow library's per-step context: which step is running (for the depth)
+    from workflows.runtime.types.results import StepWorkerStateContextVar as _STEP_CONTEXT
+except ImportError:  # another workflows release: every call gets the workflow's full depth
+    _STEP_CONTEXT = None
+
+_DEPTH = "teola_depth"  # node config entry: this node's share of the call's depth
+
+
+def _node_depth(node: Node) -> float:
+    """Depth cost of a node: what the graph builder stored, 0 for input/output nodes."""
+    return float(node.config.get(_DEPTH, 0.0))
+
+
+class CallRouter:
+    """Engines, per-loop runtimes and the call graphs of one optimized workflow."""
+
+    def __init__(self, policy: str, depths: dict[str, int]) -> None:
+        self.engines = EngineSet()
+        self.policy = policy
+        self.depths = depths
+        self.max_depth = max(depths.values(), default=1)
+        self.run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("teola_workflow_run", default=None)
+        self._graphs: dict[tuple[str, ...], Graph] = {}
+        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LocalRuntime] = weakref.WeakKeyDictionary()
+        self._hooks: list[RuntimeHook] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    def register(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
+        """The engine of `component` in `role` (one per object and role, named after its class)."""
+        return self.engines.engine_for(component, role, make)
+
+    def add_hook(self, hook: RuntimeHook) -> None:
+        with self._lock:
+            self._hooks.append(hook)
+            for runtime in self._runtimes.values():
+                runtime.add_hook(hook)
+
+    def runtime(self) -> LocalRuntime:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            runtime = self._runtimes.get(loop)
+            if runtime is None:
+                runtime = LocalRuntime(self.engines, policy=self.policy, depth_cost=_node_depth)
+                for hook in self._hooks:
+                    runtime.add_hook(hook)
+                self._runtimes[loop] = runtime
+            return runtime
+
+    def depth(self) -> int:
+        """The issuing step's depth (see the module docstring)."""
+        state = _STEP_CONTEXT.get(None) if _STEP_CONTEXT is not None else None
+        if state is None:
+            return self.max_depth
+        return self.depths.get(state.state.step_name, self.max_depth)
+
+    def graph(self, kind: str, engine: str, depth: int, search: str | None = None) -> Graph:
+        """The call's p-graph, cached per shape (see the module docstring).
+
+        kind "llm": DECODE; "embed": EMBED; "search": one SEARCH that is the whole
+        retrieval; "retrieve": EMBED on `engine`, then SEARCH on `search`.
+        """
+        key = (kind, engine, str(depth), search or "")
+        graph = self._graphs.get(key)
+        if graph is not None:
+            return graph
+        b = GraphBuilder(f"workflow.{kind}")
+        request = b.input("request")
+        if kind == "llm":
+            node = b.add(
+                PrimitiveKind.DECODE,
+                {"kv": request},
+                engine=engine,
+                config={_DEPTH: depth},
+                output_ports=(PortSpec("text", PortType.ANY),),
+                name="call",
+            )
+            b.output(result=Value(node.id, "text"))
+        elif kind == "embed":
+            node = b.add(PrimitiveKind.EMBED, {"texts": request}, engine=engine, config={_DEPTH: depth}, items=1)
+            b.output(result=Value(node.id, "vectors"))
+        elif kind == "search":
+            b.output(result=b.search(request, request, engine=engine, top_k=1, items=1, **{_DEPTH: depth}))
+        elif kind == "retrieve" and search is not None:
+            bundles = b.input("bundles")
+            node = b.add(PrimitiveKind.EMBED, {"texts": request}, engine=engine, config={_DEPTH: 1}, items=1)
+            vectors = Value(node.id, "vectors")
+            b.output(result=b.search(vectors, bundles, engine=search, top_k=1, items=1, **{_DEPTH: depth}))
+        else:
+            raise ValueError(f"unknown call shape {kind!r} (search engine: {search!r})")
+        graph = self._graphs[key] = b.build(chain_modules=False)
+        return graph
+
+    async def call(self, graph: Graph, inputs: dict[str, Any]) -> Any:
+        """Run one call's graph; the caller gets the wrapped object's own exception."""
+        qid = f"{self.run_key.get() or 'call'}/{next(self._ids)}"
+        try:
+            out = await self.runtime().run(graph, inputs, query_id=qid)
+        except PrimitiveError as exc:
+            error = unwrap_error(exc, {})
+        else:
+            return out["result"]
+        raise error
