@@ -8,11 +8,8 @@ concurrent runs' calls meet in the same engine schedulers; a call's depth is its
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import itertools
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +22,7 @@ from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
+from teola_core.runtime.per_loop import PerLoop
 from teola_llamaindex.common import unwrap_error
 
 try:  # the workflow library's per-step context: which step is running (for the depth)
@@ -50,9 +48,7 @@ class CallRouter:
         self.max_depth = max(depths.values(), default=1)
         self.run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("teola_workflow_run", default=None)
         self._graphs: dict[tuple[str, ...], Graph] = {}
-        self._runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LocalRuntime] = weakref.WeakKeyDictionary()
-        self._hooks: list[RuntimeHook] = []
-        self._lock = threading.Lock()
+        self._runtimes: PerLoop[LocalRuntime] = PerLoop()
         self._ids = itertools.count()
 
     def register(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
@@ -60,21 +56,17 @@ class CallRouter:
         return self.engines.engine_for(component, role, make)
 
     def add_hook(self, hook: RuntimeHook) -> None:
-        with self._lock:
-            self._hooks.append(hook)
-            for runtime in self._runtimes.values():
-                runtime.add_hook(hook)
+        self._runtimes.apply_to_all(lambda runtime: runtime.add_hook(hook))
 
     def runtime(self) -> LocalRuntime:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            runtime = self._runtimes.get(loop)
-            if runtime is None:
-                runtime = LocalRuntime(self.engines, policy=self.policy, depth_cost=_node_depth)
-                for hook in self._hooks:
-                    runtime.add_hook(hook)
-                self._runtimes[loop] = runtime
-            return runtime
+        return self._runtimes.current(self._new_runtime)
+
+    def _new_runtime(self) -> LocalRuntime:
+        return LocalRuntime(self.engines, policy=self.policy, depth_cost=_node_depth)
+
+    def graphs(self) -> dict[tuple[str, ...], Graph]:
+        """The call graphs made so far, by (kind, engine, depth, search engine)."""
+        return dict(self._graphs)
 
     def depth(self) -> int:
         """The issuing step's depth (see the module docstring)."""

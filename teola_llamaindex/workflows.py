@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import copy
 import itertools
+from pathlib import Path
 from typing import Any
 
 from llama_index.core.workflow import Workflow
 
 from teola_core.engines.protocol import EngineSet
+from teola_core.explain import file_name, mermaid, section, timeline_sections
+from teola_core.ir.draw import draw_graph
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
+from teola_core.runtime.timeline import RecentSpans
 from teola_llamaindex.workflow_calls import proxy_for
 from teola_llamaindex.workflow_router import CallRouter
 
@@ -78,6 +82,8 @@ class TeolaWorkflow:
                 setattr(self.workflow, name, proxy)
                 self.proxied[name] = type(value).__name__
         self._runs = itertools.count()
+        self.recent = RecentSpans()
+        self._router.add_hook(self.recent)
 
     @property
     def engines(self) -> EngineSet:
@@ -98,6 +104,26 @@ class TeolaWorkflow:
     def add_hook(self, hook: RuntimeHook) -> None:
         """Observe every primitive of every run, on every loop's runtime."""
         self._router.add_hook(hook)
+
+    def explain(self, png_dir: str | Path | None = None) -> str:
+        """The components whose calls run on Teola, each step's depth (the calls' priority), the
+        call graphs (Mermaid; PNGs with `png_dir`), and what recent runs did per engine."""
+        proxied = "\n".join(f"- {name}: {kind}" for name, kind in self.proxied.items()) or "- none"
+        depths = "\n".join(f"- {step}: {depth}" for step, depth in sorted(self._router.depths.items())) or "- none"
+        engines = self.engines.engines.items()
+        out = [
+            f"Teola plan for the workflow {type(self.original).__name__}\n",
+            section("components whose calls run on Teola's engines", proxied),
+            section("step depths (a call's priority: deeper steps are nearer the end)", depths),
+            section("engines", "\n".join(f"- {n}: {type(e).__name__}" for n, e in engines) or "- none"),
+        ]
+        for (kind, engine, depth, search), graph in self._router.graphs().items():
+            name = f"{kind} on {engine}" + (f" and {search}" if search else "") + f" at depth {depth}"
+            out += [section(f"call graph: {name}", graph.summary()), section(f"mermaid {name}", mermaid(graph))]
+            if png_dir is not None:
+                path = draw_graph(graph, Path(png_dir) / f"{file_name(name)}.png")
+                out.append(section(f"picture {name}", str(path)))
+        return "\n".join([*out, *timeline_sections(self.recent.spans(), png_dir)])
 
     def __getattr__(self, name: str) -> Any:
         if name == "workflow":  # not set yet: __init__ failed before it

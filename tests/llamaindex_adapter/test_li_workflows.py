@@ -199,6 +199,9 @@ def test_rag_with_retriever() -> None:
         assert got == plain
     assert spans.kinds() == {PrimitiveKind.EMBED, PrimitiveKind.SEARCH, PrimitiveKind.DECODE}
     assert fast.proxied == {"retriever": "VectorIndexRetriever", "llm": "MockLLM", "embed_model": "HashEmbedding"}
+    explained = fast.explain()
+    assert "- retriever: VectorIndexRetriever" in explained and "== mermaid retrieve on " in explained
+    assert "timed primitives of 2 queries" in explained  # the two runs' calls, per engine
 
 
 def test_a_retrievers_index_nodes_are_resolved_as_its_own_aretrieve_does() -> None:
