@@ -45,7 +45,8 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_adapters.simulated.servers import SimServers
-from teola_benchmarks.workloads.common import make_chunks, make_question, words
+from teola_adapters.simulated.text import corpus_words
+from teola_benchmarks.workloads.common import make_chunks, make_question
 from teola_core.profiles.profile import Curve, LatencyProfile
 
 SYSTEM = "You are a careful assistant. Answer from the user's document and the retrieved context only."
@@ -99,7 +100,7 @@ def query(seed: str) -> dict[str, str]:
     """A question and a document that make the prompt's ready start ~`READY_TOKENS` tokens."""
     question = make_question(seed)
     around = len(f"{SYSTEM} Document: Question: {question} Context:".split()) + 3  # + the chat template's tags
-    return {"question": question, "document": " ".join(words(f"doc/{seed}", READY_TOKENS - around))}
+    return {"question": question, "document": " ".join(corpus_words(f"doc/{seed}", READY_TOKENS - around))}
 
 
 def given_profiles(retrieval_s: float) -> dict[str, LatencyProfile]:
