@@ -20,7 +20,8 @@ AGENT_ONLY_OPTIONS = frozenset({"idempotent_tools", "features", "priority_rule",
 
 def optimize(graph: Any, **options: Any) -> Any:
     """`teola.optimize` for LangGraph objects (see the module docstring)."""
-    from teola_langchain.agents import optimize_agent, teola_middlewares
+    from teola_langchain.agent_graph import teola_middlewares
+    from teola_langchain.agents import optimize_agent
 
     if teola_middlewares(graph):
         return optimize_agent(graph, **options)

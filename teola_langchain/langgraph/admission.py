@@ -38,7 +38,7 @@ from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
-from teola_langchain.agents import AgentModelEngine
+from teola_langchain.agent_engine import AgentModelEngine
 
 UNBOUNDED = sys.maxsize
 
