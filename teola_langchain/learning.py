@@ -93,6 +93,8 @@ class Observer(BaseCallbackHandler):
         self.book.observe(run.key, RUN, 1, now - run.started)
         if isinstance(output, list):
             self.book.observe_count(run.key, len(output))
+        elif isinstance(output, str):
+            self.book.observe_words(run.key, len(output.split()))
 
     def _drop(self, run_id: UUID) -> None:
         with self._lock:

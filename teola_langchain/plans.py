@@ -1,7 +1,7 @@
 """How a plan of a chain is made: trace it, run the passes with the profiles, and see what pays.
 
     planner = Planner(chain, EngineRegistry(), given={}, passes=True, execution="auto")
-    plan = planner.plan(learned={}, counts={}, calls=0)
+    plan = planner.plan(learned={}, counts={}, words={}, calls=0)
     plan.on_graph, plan.why      # whether calls run on Teola's graph, and what that gains
 
 A plan runs calls on the graph only when that gains something over running the chain as
@@ -36,7 +36,7 @@ class Plan:
     """One plan of the chain: what runs, whether calls run on the graph, and what it was planned with.
 
     profiles: every profile the passes read (given, the engines' own, learned);
-    learned/counts: the learned figures among them (to tell when a new plan is due);
+    learned/counts/words: the learned figures among them (to tell when a new plan is due);
     calls: how many calls had been observed when it was made.
     """
 
@@ -46,6 +46,7 @@ class Plan:
     profiles: Mapping[str, LatencyProfile]
     learned: Mapping[str, LatencyProfile]
     counts: Mapping[str, int]
+    words: Mapping[str, int]
     calls: int
     given: frozenset[str] = frozenset()  # the keys of the given profiles (the engines' own included)
 
@@ -68,7 +69,13 @@ class Planner:
     expected_items: int | None = None
 
     def plan(
-        self, learned: Mapping[str, LatencyProfile], counts: Mapping[str, int], calls: int, *, warn: bool = False
+        self,
+        learned: Mapping[str, LatencyProfile],
+        counts: Mapping[str, int],
+        words: Mapping[str, int],
+        calls: int,
+        *,
+        warn: bool = False,
     ) -> Plan:
         """Trace the chain and optimize it with the given, the engines' and the learned profiles."""
         session = TraceSession(
@@ -78,12 +85,12 @@ class Planner:
         given = {**self.engines.engines.profiles(), **_by_key(self.given, traced.steps)}
         profiles = merged(given, learned)
         for sub in traced.graphs():
-            _optimize_graph(sub, self.passes, profiles)
+            _optimize_graph(sub, self.passes, profiles, words)
         why = _what_pays(traced, self.engines.engines)
         if self.timeout is not None:
             why.append(f"every step and engine call has a {self.timeout} s deadline")
         on_graph = self.execution == "graph" or bool(why)
-        return Plan(traced, why, on_graph, profiles, learned, counts, calls, frozenset(given))
+        return Plan(traced, why, on_graph, profiles, learned, counts, words, calls, frozenset(given))
 
 
 def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
@@ -138,7 +145,9 @@ def _by_key(given: Mapping[str, LatencyProfile], steps: Mapping[str, str]) -> di
     return out
 
 
-def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyProfile]) -> None:
+def _optimize_graph(
+    sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyProfile], words: Mapping[str, int]
+) -> None:
     """Run the pass pipeline on one traced graph."""
     if passes is False:
         sub.passes = ["(passes disabled)"]
@@ -146,6 +155,6 @@ def _optimize_graph(sub: SubGraph, passes: Any, profiles: Mapping[str, LatencyPr
     from teola_core.passes import PassContext, PassManager
 
     manager = passes if isinstance(passes, PassManager) else PassManager()
-    result = manager.optimize(sub.pgraph, PassContext(profiles=profiles))
+    result = manager.optimize(sub.pgraph, PassContext(profiles=profiles, output_words=words))
     sub.graph = result.e_graph
     sub.passes = [*(f"applied {name}" for name in result.applied), *result.notes]

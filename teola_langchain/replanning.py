@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
-from teola_core.profiles.learning import LatencyBook, differs
+from teola_core.profiles.learning import LatencyBook, differs, words_differ
 from teola_langchain.learning import AsyncObserver, Observer, observing
 from teola_langchain.plans import Plan, Planner
 
@@ -77,9 +77,12 @@ class Replanner:
 
     def _make_plan(self, *, warn: bool = False) -> Plan:
         """A plan with what was learned so far (nothing when not learning)."""
-        learned = self.learned.profiles(MIN_SAMPLES) if self.learning else {}
-        counts = self.learned.counts(MIN_SAMPLES) if self.learning else {}
-        return self.planner.plan(learned, counts, self.learned.calls, warn=warn)
+        if not self.learning:
+            return self.planner.plan({}, {}, {}, self.learned.calls, warn=warn)
+        book = self.learned
+        return self.planner.plan(
+            book.profiles(MIN_SAMPLES), book.counts(MIN_SAMPLES), book.words(MIN_SAMPLES), book.calls, warn=warn
+        )
 
     @contextmanager
     def calling(self, *, asynchronous: bool) -> Iterator[Plan]:
@@ -103,7 +106,8 @@ class Replanner:
             self._looked_at = self.learned.version
             plan = self.current
             learned, counts = self.learned.profiles(MIN_SAMPLES), self.learned.counts(MIN_SAMPLES)
-            if differs(plan.learned, learned) or plan.counts != counts:
+            words = self.learned.words(MIN_SAMPLES)
+            if differs(plan.learned, learned) or plan.counts != counts or words_differ(plan.words, words):
                 self.current = self._make_plan()
                 self._observe_every = OBSERVE_EVERY
                 if self.profiles_path is not None:

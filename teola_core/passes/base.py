@@ -25,11 +25,14 @@ from teola_core.profiles.profile import LatencyProfile
 class PassContext:
     """profiles: engine name (or app step key, `estimates.LATENCY_KEY`) -> latency profile.
     tolerance: see `Curve.max_efficient`. min_overlap_s: the least overlap prefill split
-    plans for (a shorter one would not pay for the warm-up's round trip)."""
+    plans for (a shorter one would not pay for the warm-up's round trip). output_words: app
+    step key (`estimates.LATENCY_KEY`) -> how many words its text output usually has
+    (learned), which tells prefill split how much of a prompt a ready variable fills."""
 
     profiles: Mapping[str, LatencyProfile] = field(default_factory=dict)
     tolerance: float = 0.1
     min_overlap_s: float = 0.01
+    output_words: Mapping[str, int] = field(default_factory=dict)
 
     def max_efficient_batch(self, engine: str | None, op: str) -> int | None:
         """The engine's max efficient batch for `op`, or None when it has no such profile."""

@@ -20,9 +20,11 @@ Only where it pays, when the LLM's profile has a `prefill` curve: prefilling k t
 early saves about `k * slope` on the critical path (the curve's slope at its long end)
 and costs an extra step, `prefill(k)` against the `k * slope` the full prefill would
 have spent on them. It splits when `2 * k * slope >= prefill(k)`; k counts the words of
-the prefix's literal text (the ready variables' lengths are unknown before the query
-runs), so a short instruction before a question stays one prefill on an engine with a
-per-step floor (the paper's 7B: ~15 ms a step, ~0.26 ms a token, so ~60 tokens).
+the prefix's literal text plus, for each ready variable, the words its producing step
+usually writes when that was learned (`ctx.output_words`; else 0: a variable's length is
+unknown before the query runs), so a short instruction before a question stays one
+prefill on an engine with a per-step floor (the paper's 7B: ~15 ms a step, ~0.26 ms a
+token, so ~60 tokens) while a long user document before the retrieved context is split.
 
 How early is early enough: a split needs the prefix ready at least
 `ctx.min_overlap_s` before the latest variable (by `estimates.finish_times`: profiled
@@ -33,7 +35,7 @@ no split.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -43,21 +45,32 @@ from teola_core.ir.node import ControlEdge, DataEdge, Node
 from teola_core.ir.prompt import PromptPlan, Segment
 from teola_core.ir.types import PortType
 from teola_core.passes.base import Pass, PassContext
-from teola_core.passes.estimates import estimated_latency, finish_times
+from teola_core.passes.estimates import LATENCY_KEY, estimated_latency, finish_times
 
 __all__ = ["PrefillSplit", "estimated_latency", "finish_times"]
 
 
-def _pays(prefix: Sequence[Segment], engine: str | None, ctx: PassContext) -> bool:
-    """Does prefilling the prefix early save more than its extra step costs (see the module doc)?"""
+def _pays(prefix: Sequence[Segment], var_words: Mapping[str, int], engine: str | None, ctx: PassContext) -> bool:
+    """Does prefilling the prefix early save more than its extra step costs (see the module doc)?
+    `var_words`: the learned length of a ready variable's text, by variable."""
     profile = ctx.profiles.get(engine) if engine is not None else None
     curve = profile.curves.get("prefill") if profile is not None else None
     if curve is None:
         return True  # nothing known: split, as the paper does
-    tokens = sum(len(seg.text.split()) for seg in prefix if seg.var is None)
+    tokens = sum(len(seg.text.split()) if seg.var is None else var_words.get(seg.var, 0) for seg in prefix)
     (x0, y0), (x1, y1) = ((0.0, 0.0), *curve.points)[-2:]
     slope = (y1 - y0) / (x1 - x0)
     return tokens > 0 and 2 * tokens * slope >= curve.latency(tokens)
+
+
+def _var_words(graph: Graph, sources: Mapping[str, tuple[str, str]], ctx: PassContext) -> dict[str, int]:
+    """Each variable's learned text length, by the app step that writes it (where known)."""
+    out: dict[str, int] = {}
+    for var, (node, _) in sources.items():
+        key = graph.nodes[node].config.get(LATENCY_KEY)
+        if isinstance(key, str) and key in ctx.output_words:
+            out[var] = ctx.output_words[key]
+    return out
 
 
 class PrefillSplit(Pass):
@@ -77,7 +90,7 @@ class PrefillSplit(Pass):
             finish = finish if finish is not None else finish_times(graph, ctx)
             ready = {var: finish[node] for var, (node, _) in sources.items()}
             k = self._ready_prefix(template, ready, ctx.min_overlap_s)
-            if k is None or not _pays(template.segments[:k], prefill.engine, ctx):
+            if k is None or not _pays(template.segments[:k], _var_words(graph, sources, ctx), prefill.engine, ctx):
                 continue
             editor = editor or graph.edit()
             self._rewrite(graph, editor, prefill, template, sources, fmt, k)

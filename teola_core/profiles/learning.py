@@ -6,12 +6,14 @@ Every observation is `(key, op, x, seconds)`: a key names what ran (an engine, a
 batch size or tokens. Samples are bucketed by x in powers of two and the last `window`
 of each bucket kept, so the figures follow the app as it changes; a curve point is the
 bucket's median x and median seconds (a single slow run does not move it). Counts (how
-many items a list-writing step produced) are kept the same way.
+many items a list-writing step produced) and words (how long a text-writing step's text
+was: how much of a prompt it fills) are kept the same way.
 
     book = LatencyBook()
     book.observe("step:retriever", "run", 1, 0.31)
     book.profiles(min_samples=1)["step:retriever"].latency("run", 1)   # 0.31
     book.count("step:parser")                                          # None: never seen
+    book.observe_words("step:document", 1180); book.words(min_samples=1)  # {"step:document": 1180}
     book.save("app.json"); LatencyBook.load("app.json")
 
 A book is thread-safe: framework callbacks report from worker threads and event loops.
@@ -48,6 +50,7 @@ class LatencyBook:
         self._lock = threading.Lock()
         self._samples: dict[tuple[str, str], dict[int, deque[tuple[float, float]]]] = {}
         self._counts: dict[str, deque[int]] = {}
+        self._words: dict[str, deque[int]] = {}
         self.calls = 0  # whole calls of the app observed (see `call_done`)
         self.version = 0  # grows with every observation: whether anything is new since a look
 
@@ -62,9 +65,16 @@ class LatencyBook:
 
     def observe_count(self, key: str, n: int) -> None:
         """`key` produced `n` items this time."""
+        self._tally(self._counts, key, n)
+
+    def observe_words(self, key: str, n: int) -> None:
+        """`key` wrote a text of `n` words this time."""
+        self._tally(self._words, key, n)
+
+    def _tally(self, store: dict[str, deque[int]], key: str, n: int) -> None:
         with self._lock:
             self.version += 1
-            self._counts.setdefault(key, deque(maxlen=self.window)).append(int(n))
+            store.setdefault(key, deque(maxlen=self.window)).append(int(n))
 
     def call_done(self) -> int:
         """One whole call of the app finished; returns how many have."""
@@ -93,17 +103,19 @@ class LatencyBook:
 
     def count(self, key: str, min_samples: int = 3) -> int | None:
         """How many items `key` usually produces (the median, rounded down), once seen `min_samples` times."""
-        with self._lock:
-            seen = list(self._counts.get(key, ()))
-        if len(seen) < min_samples:
-            return None
-        return int(statistics.median_low(seen))
+        return self._typical(self._counts, min_samples).get(key)
 
     def counts(self, min_samples: int = 3) -> dict[str, int]:
+        return self._typical(self._counts, min_samples)
+
+    def words(self, min_samples: int = 3) -> dict[str, int]:
+        """How many words each text-writing key usually writes (the median, rounded down)."""
+        return self._typical(self._words, min_samples)
+
+    def _typical(self, store: dict[str, deque[int]], min_samples: int) -> dict[str, int]:
         with self._lock:
-            keys = list(self._counts)
-        found = {k: self.count(k, min_samples) for k in keys}
-        return {k: n for k, n in found.items() if n is not None}
+            seen = {key: list(d) for key, d in store.items()}
+        return {key: int(statistics.median_low(v)) for key, v in seen.items() if len(v) >= min_samples}
 
     # -- files -----------------------------------------------------------------------
     def to_json(self) -> dict[str, object]:
@@ -113,8 +125,9 @@ class LatencyBook:
                 for (key, op), buckets in self._samples.items()
             ]
             counts = {key: list(d) for key, d in self._counts.items()}
+            words = {key: list(d) for key, d in self._words.items()}
             calls = self.calls
-        return {"format": FORMAT, "calls": calls, "latencies": samples, "counts": counts}
+        return {"format": FORMAT, "calls": calls, "latencies": samples, "counts": counts, "words": words}
 
     @classmethod
     def from_json(cls, data: Mapping[str, object], window: int = 32) -> LatencyBook:
@@ -123,13 +136,17 @@ class LatencyBook:
         book = cls(window)
         latencies = data.get("latencies", [])
         counts = data.get("counts", {})
-        assert isinstance(latencies, list) and isinstance(counts, Mapping)
+        words = data.get("words", {})  # absent in files written before words were learned
+        assert isinstance(latencies, list) and isinstance(counts, Mapping) and isinstance(words, Mapping)
         for entry in latencies:
             for x, seconds in entry["samples"]:
                 book.observe(str(entry["key"]), str(entry["op"]), x, seconds)
         for key, values in counts.items():
             for n in values:
                 book.observe_count(str(key), int(n))
+        for key, values in words.items():
+            for n in values:
+                book.observe_words(str(key), int(n))
         calls = data.get("calls", 0)
         book.calls = int(calls) if isinstance(calls, int) else 0
         return book
@@ -191,3 +208,9 @@ def differs(
                 if abs(a - b) > max(floor_s, tolerance * max(a, b)):
                     return True
     return False
+
+
+def words_differ(old: Mapping[str, int], new: Mapping[str, int], tolerance: float = 0.25) -> bool:
+    """Whether a text's typical length is new or moved by more than `tolerance` (a plan that
+    weighed it, prefill split's, may then change)."""
+    return any(key not in old or abs(n - old[key]) > tolerance * max(old[key], 1) for key, n in new.items())

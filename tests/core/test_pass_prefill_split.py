@@ -7,7 +7,7 @@ from typing import Any
 
 from toy_engines import meb_profile, toy_engines
 
-from teola_core.ir.builder import GraphBuilder
+from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import ControlEdge, DataEdge
@@ -145,3 +145,30 @@ def test_guards_are_kept_on_the_new_nodes() -> None:
     for question in ("why is the sky blue", "why is grass green"):
         inputs = {**INPUTS, "question": question}
         assert _run(out, inputs) == _run(g, inputs)
+
+
+def test_a_ready_variable_counts_with_its_learned_length() -> None:
+    """A short literal before a long user document: split only once the document's usual
+    length (learned from the step that writes it) says the early prefill pays."""
+    floor = LatencyProfile("llm", {"prefill": Curve(((16, 0.020), (512, 0.140), (8192, 2.2)))})
+    b = GraphBuilder("document")
+    question = b.input("question", PortType.TEXT)
+    docs = b.input("docs", PortType.DOCS)
+    document = b.add(
+        K.CALL,
+        {"q": question},
+        config={"fn": lambda q: f"a long document about {q}", "inline": True, "latency_key": "step:document"},
+        input_ports=(PortSpec("q", PortType.ANY),),
+        output_ports=(PortSpec("value", PortType.ANY),),
+        name="document",
+    )
+    context = b.call(_render, {"docs": b.rerank(question, docs, engine="reranker", top_k=2, items=5)}, name="context")
+    prompt = b.format("Doc: {document} C: {context} A:", document=Value(document.id, "value"), context=context)
+    b.output(answer=b.llm(prompt, engine="llm", max_tokens=4).text)
+    g = b.build()
+    unknown = PassContext(profiles={"reranker": PROFILES.profiles["reranker"], "llm": floor})
+    assert PrefillSplit().run(g, unknown) is g  # 1 literal word: not worth a step
+    learned = PassContext(profiles=unknown.profiles, output_words={"step:document": 1200})
+    split = PrefillSplit().run(g, learned)
+    assert any(n.kind == K.PARTIAL_PREFILL for n in split.nodes.values())
+    assert _run(split, {**INPUTS}) == _run(g, {**INPUTS})

@@ -125,6 +125,29 @@ def test_learning_finds_the_slow_retriever_and_plans_a_prefill_split() -> None:
     fast.close()
 
 
+def test_a_long_ready_document_is_split_under_a_given_model_profile_once_its_length_is_learned() -> None:
+    """With a model profile that has a per-step floor, a prefix of a few literal words does not
+    pay for an early prefill; the user's document before the context does, once its length is known."""
+    clock = ThreadClock()
+    prompt = ChatPromptTemplate.from_messages([("human", "Doc: {document}\nC: {context}")])
+    fields = {
+        "context": itemgetter("question") | ClockedRetriever(clock=clock) | format_docs,
+        "document": itemgetter("document"),
+    }
+    chain = fields | prompt | EchoChat() | StrOutputParser()
+    floor = LatencyProfile("llm", {"prefill": Curve(((16, 0.020), (512, 0.140), (8192, 2.2)))})
+    retriever = LatencyProfile("retriever", {"run": Curve(((1, 0.3),))})
+    fast = optimize(chain, profiles={"llm:EchoChat": floor, "ClockedRetriever": retriever}, warn=False)
+    fast._replanner.clock = clock
+    assert K.PARTIAL_PREFILL not in kinds(fast)  # "Doc:": one word, not worth a step
+    question = {"question": "q", "document": " ".join(["word"] * 1200)}
+    for _ in range(3):
+        assert fast.invoke(question) == chain.invoke(question)
+    assert K.PARTIAL_PREFILL in kinds(fast)  # 1,200 words learned for {document}
+    assert 1200 in fast.learned.words(3).values()
+    fast.close()
+
+
 def test_a_chain_without_engine_steps_learns_nothing() -> None:
     chain = RunnableLambda(lambda x: x + 1) | RunnableLambda(lambda x: x * 2)
     fast = optimize(chain)
