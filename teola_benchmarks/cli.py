@@ -152,6 +152,12 @@ def add_bench_command(commands: Any) -> None:
         default=0.0,
         help="with --serve-overload: a soak at 1.5x capacity for this many minutes instead (not for CI)",
     )
+    p.add_argument(
+        "--shared-cpus",
+        action="store_true",
+        help="with --serve-overload: the server and the load generator share every CPU (default: the server "
+        "gets CPU 0, the load generator the others, as when clients run elsewhere)",
+    )
     p.set_defaults(handler=bench_command)
 
 

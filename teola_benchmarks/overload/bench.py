@@ -4,7 +4,11 @@
     soak = run_soak(minutes=10)      # `--soak-minutes 10`: not for CI
 
 The server runs `teola_benchmarks.overload.app:chain` (a 50 ms model) in a process of its
-own, as `teola serve` with its defaults; the load comes from this process (aiohttp).
+own, as `teola serve` with its defaults; the load comes from this process (aiohttp). On a
+machine with two or more CPUs the server gets CPU 0 and the load generator the others
+(`CpuSplit`), as when clients run elsewhere: sharing cores, every request the generator
+sends costs the server CPU too, which a real server's clients do not (`split_cpus=False`
+measures that case).
 
 1. capacity R: `clients` users closed-loop for `capacity_s` (after a short warm-up);
 2. overload: Poisson arrivals at `factor` x R for `overload_s`, each with a `deadline_s`
@@ -42,10 +46,43 @@ MODEL = "chain"
 API_KEY = "overload-bench"
 
 
+@dataclass(frozen=True)
+class CpuSplit:
+    """Which CPUs the server and the load generator run on (None: no split, all share)."""
+
+    server: frozenset[int] | None
+    load: frozenset[int] | None
+
+    @classmethod
+    def choose(cls, split: bool) -> CpuSplit:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if not split or len(cpus) < 2:
+            return cls(None, None)
+        return cls(frozenset(cpus[:1]), frozenset(cpus[1:]))
+
+    def to_json(self) -> dict[str, list[int] | None]:
+        parts = (("server", self.server), ("load", self.load))
+        return {name: None if cpus is None else sorted(cpus) for name, cpus in parts}
+
+
+@contextmanager
+def load_generator_on(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Run this process (the load generator) on `cpus` for the block, then as before."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class Server:
     """`teola serve` in a subprocess; its stderr lines are kept (they should be few)."""
 
-    def __init__(self, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, extra_args: tuple[str, ...] = (), cpus: frozenset[int] | None = None) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -53,6 +90,8 @@ class Server:
         command = [sys.executable, "-m", "teola.cli", "serve", APP, "--port", str(self.port)]
         command += ["--api-key", API_KEY, "--log-level", "warning", *extra_args]
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        if cpus is not None:  # before it starts serving: the pid exists as soon as Popen returns
+            os.sched_setaffinity(self.process.pid, cpus)
         self.log: list[str] = []
         self._drain = threading.Thread(target=self._read_log, daemon=True)
         self._drain.start()
@@ -113,10 +152,12 @@ class Server:
 
 
 @contextmanager
-def serving(extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
-    server = Server(extra_args)
+def serving(extra_args: tuple[str, ...] = (), cpus: CpuSplit | None = None) -> Iterator[Server]:
+    cpus = cpus or CpuSplit(None, None)
+    server = Server(extra_args, cpus.server)
     try:
-        yield server
+        with load_generator_on(cpus.load):
+            yield server
     finally:
         server.stop()
 
@@ -132,11 +173,13 @@ class OverloadResult:
     disconnects: float
     server_log: list[str]
     load: dict[str, tuple[float, float, float]]
+    cpus: CpuSplit = field(default_factory=lambda: CpuSplit(None, None))
     checks: dict[str, bool] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "capacity_per_s": round(self.capacity_per_s, 1),
+            "cpus_used": self.cpus.to_json(),
             "phases": {name: p.to_json() for name, p in self.phases.items()},
             "rss_before_mib": round(self.rss_before / 2**20, 1),
             "rss_after_mib": round(self.rss_after / 2**20, 1),
@@ -210,9 +253,11 @@ def run_overload(
     burst_n: int = 32,
     seed: int = 0,
     server_args: tuple[str, ...] = (),
+    split_cpus: bool = True,
 ) -> OverloadResult:
-    with serving(server_args) as server:
-        return asyncio.run(
+    cpus = CpuSplit.choose(split_cpus)
+    with serving(server_args, cpus) as server:
+        result = asyncio.run(
             _overload(
                 server,
                 clients=clients,
@@ -226,6 +271,8 @@ def run_overload(
                 seed=seed,
             )
         )
+    result.cpus = cpus
+    return result
 
 
 @dataclass
@@ -235,11 +282,13 @@ class SoakResult:
     rss_mib: list[float]  # one sample a minute, the first after the warm-up
     slots_after: float
     load: dict[str, tuple[float, float, float]]
+    cpus: CpuSplit = field(default_factory=lambda: CpuSplit(None, None))
     checks: dict[str, bool] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "capacity_per_s": round(self.capacity_per_s, 1),
+            "cpus_used": self.cpus.to_json(),
             "soak": self.soak.to_json(),
             "lost": self.soak.lost,
             "rss_mib_per_minute": self.rss_mib,
@@ -282,6 +331,11 @@ async def _soak(server: Server, *, minutes: float, factor: float, clients: int, 
     return result
 
 
-def run_soak(*, minutes: float = 10.0, factor: float = 1.5, clients: int = 32, seed: int = 0) -> SoakResult:
-    with serving() as server:
-        return asyncio.run(_soak(server, minutes=minutes, factor=factor, clients=clients, seed=seed))
+def run_soak(
+    *, minutes: float = 10.0, factor: float = 1.5, clients: int = 32, seed: int = 0, split_cpus: bool = True
+) -> SoakResult:
+    cpus = CpuSplit.choose(split_cpus)
+    with serving(cpus=cpus) as server:
+        result = asyncio.run(_soak(server, minutes=minutes, factor=factor, clients=clients, seed=seed))
+    result.cpus = cpus
+    return result

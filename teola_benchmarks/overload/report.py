@@ -14,7 +14,11 @@ from teola_benchmarks.overload.bench import OverloadResult, SoakResult, run_over
 def run_from_args(args: argparse.Namespace) -> int:
     """Exit status 1 when a target was missed."""
     result: OverloadResult | SoakResult
-    result = run_soak(minutes=args.soak_minutes, seed=args.seed) if args.soak_minutes else run_overload(seed=args.seed)
+    split = not args.shared_cpus
+    if args.soak_minutes:
+        result = run_soak(minutes=args.soak_minutes, seed=args.seed, split_cpus=split)
+    else:
+        result = run_overload(seed=args.seed, split_cpus=split)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
