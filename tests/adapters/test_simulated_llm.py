@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ from llm_nodes import decode_node, prefill_node
 
 from teola_adapters.simulated import PrefixCache, SimClock, SimLLM, pseudo_words, run_virtual, token_pieces, tokens_of
 from teola_adapters.simulated.paper_profiles import LLM
+from teola_adapters.simulated.virtual_time import VirtualTimeLoop
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import DecodePart, Node
@@ -69,25 +69,29 @@ def test_decode_text_comes_from_the_responder_capped_by_max_tokens() -> None:
 def test_prefix_cache_reuses_whole_blocks_and_saves_time() -> None:
     shared = " ".join(f"s{i}" for i in range(1000))  # 1000 shared tokens: 62 whole blocks
 
-    async def main(cache: bool, scale: float) -> tuple[SimLLM, float, float]:
-        llm = SimLLM(LLM, time_scale=scale, prefix_cache=cache)
-        began = time.perf_counter()
+    async def main(cache: bool) -> tuple[SimLLM, float, float]:
+        loop = asyncio.get_running_loop()  # virtual time: each prefill takes its profiled latency, exactly
+        llm = SimLLM(LLM, time_scale=1.0, prefix_cache=cache)
+        began = loop.time()
         await prefill(llm, shared + " first question")
-        cold = time.perf_counter() - began
-        began = time.perf_counter()
+        cold = loop.time() - began
+        began = loop.time()
         await prefill(llm, shared + " second question here")
-        warm = time.perf_counter() - began
+        warm = loop.time() - began
+        await llm.close()
         return llm, cold, warm
 
-    llm, cold, warm = asyncio.run(main(True, 0.05))
+    llm, cold, warm = run_virtual(main(True))
     s = llm.stats
     assert s.cache_hit_tokens == 62 * 16 and s.prefill_tokens == 1002 + (1003 - 992)
     assert s.prompt_tokens == s.prefill_tokens + s.cache_hit_tokens + s.handle_hit_tokens
     assert s.busy_s == pytest.approx(LLM.latency("prefill", 1002) + LLM.latency("prefill", 11))
-    assert warm < cold / 2  # measured: 0.05 x (0.27 s vs 0.02 s)
+    assert cold == pytest.approx(LLM.latency("prefill", 1002)) and warm == pytest.approx(LLM.latency("prefill", 11))
+    assert warm < cold / 2  # 0.27 s vs 0.02 s
 
-    off, _, _ = asyncio.run(main(False, 0))
+    off, cold, warm = run_virtual(main(False))
     assert off.stats.cache_hit_tokens == 0 and off.stats.prefill_tokens == 1002 + 1003
+    assert warm == pytest.approx(LLM.latency("prefill", 1003)) and warm > cold / 2  # no cache: no saving
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_block() -> None:
@@ -257,21 +261,53 @@ def test_idle_engine_does_no_steps_and_close_fails_running_calls() -> None:
 def test_engine_serves_one_loop_after_another_and_zero_scale_is_instant() -> None:
     llm = SimLLM(LLM, time_scale=0)
     first = asyncio.run(generate(llm, PROMPT, 256))
-    began = time.perf_counter()
-    second = asyncio.run(generate(llm, PROMPT, 256))
-    assert first == second and time.perf_counter() - began < 0.5
+
+    async def timed() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        text = await generate(llm, PROMPT, 256)
+        return text, loop.time() - began
+
+    second, elapsed = run_virtual(timed())  # another loop, whose clock moves only when something waits on a timer
+    assert first == second and elapsed == 0.0  # 258 steps, and not one timed wait among them
     assert llm.stats.cache_hit_tokens == 32  # the cache outlives the event loop
+
+
+class LateTimers(VirtualTimeLoop):
+    """Virtual time whose timers fire `LATE_S` late, as epoll's whole-millisecond timeouts
+    make a real loop's: the clock's lateness compensation, without the machine's noise."""
+
+    LATE_S = 0.001
+
+    def __init__(self) -> None:
+        super().__init__()
+        select = self._selector.select  # type: ignore[attr-defined]
+
+        def late(timeout: float | None = None) -> Any:
+            before = self.time()
+            events = select(timeout)
+            if self.time() > before:  # it waited for a timer: it wakes up late
+                self._virtual_now += self.LATE_S
+            return events
+
+        self._selector.select = late  # type: ignore[attr-defined]
 
 
 def test_short_steps_keep_their_profiled_pace() -> None:
     """At time_scale 0.01 a decode step is 0.25 ms, below the event loop's ~1 ms timer
-    granularity; the clock carries the lateness over, so 100 steps take about 25 ms, not 100+."""
+    lateness; the clock carries the lateness over as a debt and sleeps that much less
+    next time, so 100+ steps take their profiled time (less than one lateness more), not 5x."""
 
     async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
         llm = SimLLM(LLM, time_scale=0.01)
-        began = time.perf_counter()
+        began = loop.time()
         await generate(llm, "p", 100)
-        return time.perf_counter() - began, llm.stats.busy_s * 0.01
+        elapsed = loop.time() - began
+        await llm.close()
+        return elapsed, llm.stats.busy_s * 0.01
 
-    wall, expected = asyncio.run(main())
-    assert expected <= wall + SimClock.MAX_DEBT_S and wall < 2.5 * expected
+    with asyncio.Runner(loop_factory=LateTimers) as runner:
+        elapsed, expected = runner.run(main())
+    assert LateTimers.LATE_S < SimClock.MAX_DEBT_S  # the whole lateness is carried over
+    assert expected - 1e-9 <= elapsed <= expected + LateTimers.LATE_S + 1e-9

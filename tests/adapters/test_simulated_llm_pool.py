@@ -85,16 +85,21 @@ def test_a_prefilled_handle_that_is_never_decoded_holds_nothing() -> None:
 
 
 def test_without_pool_mode_running_requests_take_no_room() -> None:
-    async def main() -> bool:
-        llm = SimLLM(LLM, cache_tokens=10 * BLOCK_TOKENS)
-        await _prefill(llm, words("a", 6 * BLOCK_TOKENS))
-        second = asyncio.ensure_future(_prefill(llm, words("b", 6 * BLOCK_TOKENS)))
-        await asyncio.sleep(1.0)
-        done = second.done()
+    async def main(kv_pool: bool) -> tuple[int, int]:
+        llm = SimLLM(LLM, cache_tokens=10 * BLOCK_TOKENS, kv_pool=kv_pool)
+        first = await _prefill(llm, words("a", 6 * BLOCK_TOKENS))
+        decoding = llm.stream(Call("q", _decode_node(40), {"kv": first}))
+        assert await anext(decoding)  # the decode runs: its first token is out (6 of 10 blocks, in pool mode)
+        await _prefill(llm, words("b", 6 * BLOCK_TOKENS))
+        decoded_by_then = llm.stats.decode_tokens
+        assert len([delta async for delta in decoding]) == 39
         await llm.close()
-        return done
+        return decoded_by_then, llm.stats.pool_waits
 
-    assert run_virtual(main())
+    decoded, waits = run_virtual(main(kv_pool=False))
+    assert decoded < 40 and waits == 0  # admitted at once, beside the running decode
+    decoded, waits = run_virtual(main(kv_pool=True))
+    assert decoded == 40 and waits > 0  # the same calls in pool mode: it waited for the decode's room
 
 
 def test_a_hold_keeps_room_until_it_expires() -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 import pytest
 
-from teola_adapters.simulated import SimClock, SimEmbedder, SimReranker, SimVectorDB
+from teola_adapters.simulated import SimEmbedder, SimReranker, SimVectorDB, run_virtual
 from teola_adapters.simulated.paper_profiles import EMBEDDER, RERANKER, VECTORDB
 from teola_adapters.simulated.vectordb import doc_id
 from teola_core.engines.protocol import Call
@@ -164,15 +163,15 @@ def test_rerank_split_then_topk_merge_equals_unsplit() -> None:
 
 def test_time_scale_zero_is_instant_and_positive_scale_waits() -> None:
     async def run(scale: float) -> float:
+        loop = asyncio.get_running_loop()  # virtual time: what the engine waits, exactly
         e = SimEmbedder(EMBEDDER, time_scale=scale)
-        began = time.perf_counter()
+        began = loop.time()
         await asyncio.gather(e.run_one(embed_call(TEXTS[:16])), e.run_one(embed_call(TEXTS[16:32])))
-        return time.perf_counter() - began
+        return loop.time() - began
 
-    assert asyncio.run(run(0)) < 0.05
-    # One instance: the two batches of 0.45 s (x 0.02 = 9 ms) run one after the other
-    # (less at most the clock's carried timer lateness).
-    assert asyncio.run(run(0.02)) >= 2 * 0.45 * 0.02 - SimClock.MAX_DEBT_S
+    assert run_virtual(run(0)) == 0.0  # no timed wait at all
+    # One instance: the two batches of 0.45 s (x 0.02 = 9 ms) run one after the other.
+    assert run_virtual(run(0.02)) == pytest.approx(2 * 0.45 * 0.02)
 
 
 def test_wrong_kinds_and_inputs_fail_their_call_only() -> None:

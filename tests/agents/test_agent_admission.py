@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
+from engine_watch import running
 
 from teola_adapters.simulated import SimLLM
 from teola_adapters.simulated.paper_profiles import LLM
@@ -12,6 +15,16 @@ from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_core.agents import AgentFeatures, AgentRuntime
 from teola_core.agents.admission import ProgramAdmission
 from teola_core.engines.protocol import EngineSet
+
+
+def step(call: Coroutine[Any, Any, None]) -> bool:
+    """Run an admission `call` by hand up to where it waits for its turn (False) or to its
+    return (True): the state machine driven step by step, no event loop turn involved."""
+    try:
+        call.send(None)
+    except StopIteration:
+        return True
+    return False
 
 
 def test_the_oldest_programs_whose_contexts_fit_are_admitted() -> None:
@@ -48,11 +61,12 @@ async def test_a_waiting_program_goes_when_an_older_one_leaves_and_growth_suspen
     admission.set_context("a", rank=0, tokens=80)  # a's context grew: b no longer fits...
     admission.done("b")  # ...but b's call under way was never interrupted
     admission.set_context("b", rank=1, tokens=50)
-    waiting = asyncio.ensure_future(admission.call("b"))
-    await asyncio.sleep(0)
-    assert not waiting.done()  # a is calling, so the engine is not idle: b waits
+    waiting = admission.call("b")
+    assert not step(waiting)  # a is calling, so the engine is not idle: b waits
+    assert not admission.may_call("b")
     admission.leave("a")
-    await waiting
+    assert admission.may_call("b")
+    assert step(waiting)  # its turn: the call goes on
     assert admission.admitted() == ["b"]
 
 
@@ -61,12 +75,10 @@ async def test_while_nobody_calls_the_next_in_line_may_one_at_a_time() -> None:
     for i, name in enumerate("abc"):
         admission.set_context(name, rank=i, tokens=10)
     assert admission.admitted() == ["a"]  # a waits on a tool: not calling
-    b = asyncio.ensure_future(admission.call("b"))
-    c = asyncio.ensure_future(admission.call("c"))
-    await asyncio.sleep(0)
-    assert b.done() and not c.done()  # the engine was idle: b's turn, c still waits
+    b, c = admission.call("b"), admission.call("c")
+    assert step(b) and not step(c)  # the engine was idle: b's turn, c still waits
     admission.done("b")
-    await c  # b's call ended and a is still away: c's turn
+    assert step(c)  # b's call ended and a is still away: c's turn
     assert admission.admitted() == ["a"]
 
 
@@ -75,14 +87,14 @@ async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
     for i, name in enumerate("abc"):
         admission.set_context(name, rank=i, tokens=10)
     await admission.call("a")
-    b = asyncio.ensure_future(admission.call("b"))
-    c = asyncio.ensure_future(admission.call("c"))
-    await asyncio.sleep(0)
+    b, c = admission.call("b"), admission.call("c")
+    assert not step(b) and not step(c)  # a is calling: both wait
     admission.done("a")  # idle: b gets the turn...
-    b.cancel()  # ...but b's caller is gone before it resumes
-    await asyncio.sleep(0)
-    await c
-    assert b.cancelled()
+    assert admission.may_call("b") and not admission.may_call("c")
+    with pytest.raises(asyncio.CancelledError):
+        b.throw(asyncio.CancelledError())  # ...but b's caller is gone before it resumes
+    assert admission.may_call("c")
+    assert step(c)  # the turn passed on to c
 
 
 # -- through the runtime, on the simulated engine's KV pool ---------------------------------------
@@ -100,8 +112,9 @@ async def test_programs_beyond_the_pool_wait_and_answers_do_not_change() -> None
         agents = AgentRuntime(EngineSet().add(llm), features=features)
         assert llm.kv_capacity_tokens() == pool and llm.count_tokens("x y") == 2
         a, b = agents.program("a"), agents.program("b")
+        under_way = running(agents.runtime, "llm")
         first = asyncio.ensure_future(a.generate(prompts["a"], engine="llm", max_tokens=4))
-        await asyncio.sleep(0)  # a's call passes admission and is under way
+        await under_way.wait()  # a's call passed admission: its prefill runs on the engine
         admission = agents.admission("llm")
         if admission is not None:
             assert admission.admitted() == ["a"]

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from engine_watch import queued
 from toy_engines import ToyLLM
 
 from teola_core.agents import AgentFeatures, AgentRuntime, ToolDurations, ToolResultCache, canonical_args, continuum_ttl
+from teola_core.agents.tool_cache import ToolCacheStats
 from teola_core.agents.ttl import prior_ttl
 from teola_core.engines.protocol import Call, CallResult, EngineLimits, EngineSet
 from teola_core.engines.retention import KVRetention
@@ -55,8 +57,27 @@ def test_canonical_args_ignore_key_order_and_reject_non_json() -> None:
         canonical_args({"a": object()})
 
 
-async def test_identical_calls_in_flight_run_the_tool_once() -> None:
+class JoinedStats(ToolCacheStats):
+    """The cache's stats, with an event set when a caller first merges into a call in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joined = asyncio.Event()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "merged" and value:
+            self.joined.set()
+
+
+def watched_cache() -> tuple[ToolResultCache, JoinedStats]:
     cache = ToolResultCache()
+    cache.stats = stats = JoinedStats()
+    return cache, stats
+
+
+async def test_identical_calls_in_flight_run_the_tool_once() -> None:
+    cache, stats = watched_cache()
     gate = asyncio.Event()
     runs = 0
 
@@ -68,7 +89,7 @@ async def test_identical_calls_in_flight_run_the_tool_once() -> None:
 
     first = asyncio.ensure_future(cache.get_or_run("read", {"p": "a", "q": 1}, "v1", read))
     second = asyncio.ensure_future(cache.get_or_run("read", {"q": 1, "p": "a"}, "v1", read))
-    await asyncio.sleep(0)
+    await stats.joined.wait()  # the second call waits on the first, still in flight
     gate.set()
     assert await asyncio.gather(first, second) == ["contents", "contents"]
     assert await cache.get_or_run("read", {"p": "a", "q": 1}, "v1", read) == "contents"
@@ -78,14 +99,14 @@ async def test_identical_calls_in_flight_run_the_tool_once() -> None:
 
 
 async def test_failures_reach_every_waiter_and_are_not_kept() -> None:
-    cache = ToolResultCache()
+    cache, stats = watched_cache()
     attempts = 0
 
     async def flaky() -> str:
         nonlocal attempts
         attempts += 1
-        await asyncio.sleep(0)
         if attempts == 1:
+            await stats.joined.wait()  # fails once the second caller waits on this call
             raise OSError("disk gone")
         return "ok"
 
@@ -98,22 +119,25 @@ async def test_failures_reach_every_waiter_and_are_not_kept() -> None:
 
 
 async def test_a_cancelled_runner_does_not_cancel_merged_waiters() -> None:
-    cache = ToolResultCache()
+    cache, stats = watched_cache()
     gate = asyncio.Event()
+    entered = [asyncio.Event(), asyncio.Event()]  # the tool's first and second run began
 
     async def slow() -> str:
+        entered[cache.stats.runs - 1].set()
         await gate.wait()
         return "done"
 
     runner = asyncio.ensure_future(cache.get_or_run("t", {}, "", slow))
-    await asyncio.sleep(0)
+    await entered[0].wait()  # the runner's call is in flight
     waiter = asyncio.ensure_future(cache.get_or_run("t", {}, "", slow))
-    await asyncio.sleep(0)
+    await stats.joined.wait()  # the waiter awaits it
     runner.cancel()
-    await asyncio.sleep(0)
+    await entered[1].wait()  # the runner went away: the waiter runs the tool itself
     gate.set()
     assert await waiter == "done"
     assert runner.cancelled()
+    assert (cache.stats.runs, cache.stats.merged) == (2, 1)
 
 
 # -- programs on a runtime -------------------------------------------------------------------
@@ -223,10 +247,12 @@ class OneAtATimeLLM(ToyLLM):
     def __init__(self) -> None:
         super().__init__("llm")
         self.order: list[str] = []
+        self.began = asyncio.Event()  # a call is running (and holds the only slot until `gate`)
         self.gate = asyncio.Event()
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         self.order.extend(c.query_id for c in calls if c.node.kind.value == "prefill")
+        self.began.set()
         await self.gate.wait()
         return await super().run(calls)
 
@@ -240,13 +266,15 @@ async def test_a_returning_agent_goes_before_agents_that_came_later(priority: bo
     now[0] = 1.0
     late, blocker = agents.program("late"), agents.program("blocker")
     busy = asyncio.ensure_future(blocker.generate("b", engine="llm", max_tokens=1))
-    await _until(lambda: llm.order)
+    await llm.began.wait()  # the blocker's prefill holds the only slot
     now[0] = 2.0
+    late_queued = queued(agents.runtime, "llm", 1)
     late_call = asyncio.ensure_future(late.generate("l", engine="llm", max_tokens=1))
-    await asyncio.sleep(0)
+    await late_queued.wait()  # late's prefill waits behind the blocker
     now[0] = 3.0
+    both_queued = queued(agents.runtime, "llm", 2)
     early_call = asyncio.ensure_future(early.generate("e", engine="llm", max_tokens=1))
-    await asyncio.sleep(0)
+    await both_queued.wait()  # early's too, issued after late's
     llm.gate.set()
     await asyncio.gather(busy, late_call, early_call)
     prefills = [q.split("/")[0] for q in llm.order]
@@ -260,21 +288,29 @@ async def test_compaction_ahead_is_used_only_for_the_same_input() -> None:
     program = agents.program()
     calls: list[str] = []
 
-    def summarizer(label: str) -> Any:
+    def summarizer(label: str, *, done: asyncio.Event | None = None, gate: asyncio.Event | None = None) -> Any:
         async def summarize() -> str:
             calls.append(label)
+            if gate is not None:
+                await gate.wait()
+            if done is not None:
+                done.set()
             return f"summary by {label}"
 
         return summarize
 
-    program.compact_ahead("history-1", summarizer("ahead"))
-    await asyncio.sleep(0)
+    finished = asyncio.Event()
+    program.compact_ahead("history-1", summarizer("ahead", done=finished))
+    await finished.wait()  # done while the agent waited on its tool
     assert await program.compacted("history-1", summarizer("on path")) == "summary by ahead"
-    program.compact_ahead("history-2", summarizer("ahead"))
-    await asyncio.sleep(0)
+    finished = asyncio.Event()
+    program.compact_ahead("history-2", summarizer("ahead", done=finished))
+    await finished.wait()
     assert await program.compacted("history-3", summarizer("on path")) == "summary by on path"
     assert (program.stats.compactions_ahead, program.stats.compactions_on_path) == (1, 1)
-    program.compact_ahead("history-4", summarizer("still running"))  # the agent needs it before it is done
+    gate = asyncio.Event()
+    program.compact_ahead("history-4", summarizer("still running", gate=gate))
+    asyncio.get_running_loop().call_soon(gate.set)  # it cannot end before `compacted` waits for it
     assert await program.compacted("history-4", summarizer("on path")) == "summary by still running"
     assert calls == ["ahead", "ahead", "on path", "still running"]
     assert (program.stats.compactions_ahead, program.stats.compactions_on_path) == (2, 1)
@@ -300,12 +336,3 @@ def _decode_of(prompt: str) -> Call:
     out = b.llm(b.input("prompt", PortType.ANY), engine="llm", max_tokens=8)
     b.output(text=out.text)
     return Call("probe", b.build().nodes["llm.decode"], {"kv": KVHandle("llm", prompt)})
-
-
-async def _until(ready: Any, limit: int = 100) -> None:
-    """Yield to the loop until `ready()` (bounded: a scheduling bug fails, not hangs)."""
-    for _ in range(limit):
-        if ready():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached")

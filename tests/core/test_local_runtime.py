@@ -1,18 +1,20 @@
 """LocalRuntime: same outputs as the reference evaluator, cross-query batching, failures,
-timeouts, cancellation, decode pipelining, hooks, and the dispatch rate.
+timeouts, cancellation, decode pipelining, hooks, and many queries at once.
 
 The engines are small and deterministic; where a test needs an engine to wait, it waits
-on an `asyncio.Event` the test controls, never on a sleep.
+on an `asyncio.Event` the test controls, never on a sleep. The dispatch rate is a
+benchmark (`PYTHONPATH=tests python tests/core/test_local_runtime.py`, `teola bench --overhead`),
+not a test.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
+from engine_watch import queued
 
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, EngineSet
 from teola_core.ir.builder import GraphBuilder, Value
@@ -438,10 +440,10 @@ def test_cancelling_a_caller_cancels_its_query_and_the_others_finish() -> None:
         g = embed_only(stages=1)
         a = asyncio.create_task(rt.run(g, {"docs": ["a"]}, query_id="A"))
         await gated.started.wait()  # A's batch is running; B and C will queue behind it
+        both_queued = queued(rt, "emb", 2)
         b = asyncio.create_task(rt.run(g, {"docs": ["b"]}, query_id="B"))
         c = asyncio.create_task(rt.run(g, {"docs": ["c"]}, query_id="C"))
-        await asyncio.sleep(0)  # two loop turns (no timed wait): B and C submit,
-        await asyncio.sleep(0)  # then the engine inbox is flushed
+        await both_queued.wait()  # the engine scheduler holds B and C
         assert rt.scheduler("emb").pending == 2
         gated.started.clear()
         b.cancel()  # pending: dropped from the engine queue
@@ -570,14 +572,16 @@ def test_hooks_get_one_span_per_dispatched_primitive() -> None:
     assert failed and failed[0].query_id == "q2" and failed[0].error.startswith("ValueError: boom")
 
 
-# -- dispatch rate -------------------------------------------------------------------------
+# -- many queries at once -----------------------------------------------------------------
 class Zero(Engine):
-    """A zero-latency engine: the runtime's own overhead is all that is measured."""
+    """A zero-latency engine (the runtime's own work is all there is); records its batch sizes."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.batches: list[int] = []
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        self.batches.append(len(calls))
         out: list[CallResult] = []
         for c in calls:
             kind = c.node.kind
@@ -602,32 +606,51 @@ def rate_graph() -> Graph:
     return b.build()
 
 
-def measure_dispatch_rate(queries: int = 400, fresh_graphs: bool = True) -> float:
+RATE_INPUTS = {"q": "hi", "docs": list("abcd")}
+
+
+async def run_at_once(rt: LocalRuntime, queries: int, fresh_graphs: bool) -> list[dict[str, Any]]:
+    """`queries` queries submitted at once, each on a graph of its own or all on one graph."""
     graphs = [rate_graph() for _ in range(queries)] if fresh_graphs else [rate_graph()] * queries
-    per_query = sum(1 for n in graphs[0].nodes.values() if n.kind not in (K.INPUT, K.OUTPUT))
-    inputs = {"q": "hi", "docs": list("abcd")}
+    return list(await asyncio.gather(*(rt.run(g, RATE_INPUTS) for g in graphs)))
 
-    async def main() -> float:
-        rt = LocalRuntime(EngineSet().add(Zero("emb")).add(Zero("llm")), max_batch={"emb": 16, "llm": 16})
-        await rt.run(graphs[0], inputs, query_id="warmup")
-        began = time.perf_counter()
-        results = await asyncio.gather(*(rt.run(g, inputs) for g in graphs))
-        elapsed = time.perf_counter() - began
+
+def test_hundreds_of_queries_at_once_all_answer_and_fill_the_batches() -> None:
+    """400 queries on zero-latency engines, on fresh graphs and on one shared graph object:
+    every query answers, every primitive runs exactly once, and the queries' calls share
+    batches up to the max batch (the dispatch rate itself is a benchmark: see the end)."""
+
+    async def main(fresh_graphs: bool) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+        emb, llm = Zero("emb"), Zero("llm")
+        rt = LocalRuntime(EngineSet().add(emb).add(llm), max_batch={"emb": 16, "llm": 16})
+        results = await run_at_once(rt, 400, fresh_graphs)
         await rt.close()
-        assert all(r == {"a": "ok"} for r in results)
-        return per_query * queries / elapsed
+        return results, emb.batches, llm.batches
 
-    return asyncio.run(main())
-
-
-def test_dispatch_rate_on_zero_latency_engines() -> None:
-    fresh = measure_dispatch_rate(fresh_graphs=True)
-    shared = measure_dispatch_rate(fresh_graphs=False)
-    print(f"\ndispatch rate: {fresh:,.0f} primitives/s (a graph per query), {shared:,.0f}/s (one shared graph)")
-    assert fresh >= 1_000 and shared >= 1_000
+    for fresh_graphs in (True, False):
+        results, emb, llm = asyncio.run(main(fresh_graphs))
+        assert results == [{"a": "ok"}] * 400
+        assert sum(emb) == 4 * 400 and sum(llm) == 2 * 400  # 4 embed stages, a prefill and a decode each
+        assert max(emb) == 16 and 1 < max(llm) <= 16  # calls of different queries share batches, up to the max
 
 
-if __name__ == "__main__":  # python tests/core/test_local_runtime.py: the micro benchmark alone
+if __name__ == "__main__":  # PYTHONPATH=tests python tests/core/test_local_runtime.py: the micro benchmark
+    import time
+
+    def dispatch_rate(queries: int, fresh_graphs: bool) -> float:
+        per_query = sum(1 for n in rate_graph().nodes.values() if n.kind not in (K.INPUT, K.OUTPUT))
+
+        async def main() -> float:
+            rt = LocalRuntime(EngineSet().add(Zero("emb")).add(Zero("llm")), max_batch={"emb": 16, "llm": 16})
+            await rt.run(rate_graph(), RATE_INPUTS, query_id="warmup")
+            began = time.perf_counter()
+            await run_at_once(rt, queries, fresh_graphs)
+            elapsed = time.perf_counter() - began
+            await rt.close()
+            return per_query * queries / elapsed
+
+        return asyncio.run(main())
+
     for fresh_graphs in (True, False):
         label = "a graph per query" if fresh_graphs else "one shared graph"
-        print(f"{measure_dispatch_rate(2000, fresh_graphs):,.0f} primitive dispatches/s ({label})")
+        print(f"{dispatch_rate(2000, fresh_graphs):,.0f} primitive dispatches/s ({label})")

@@ -17,6 +17,7 @@ pytest.importorskip("llama_cpp")
 from engine_testkit import node, run
 
 from teola_adapters.llamacpp import LlamaCppEngine
+from teola_adapters.llamacpp.worker import WorkDone
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
@@ -113,16 +114,25 @@ def test_greedy_sampled_and_streamed_decodes_run_together(engine, reference) -> 
     assert stopped == reference(prompts[3], 20, stop=["\n"])
 
 
-def test_decodes_leaving_early_do_not_change_the_others(engine, reference) -> None:
+def test_decodes_leaving_early_do_not_change_the_others(reference) -> None:
     """A stream closed after its first delta and a cancelled call: the others' texts stay exact."""
     prompts = [chat(q) for q in QUESTIONS[:4]]
+    loops: list[asyncio.AbstractEventLoop] = []
+    stepped = asyncio.Event()  # the call to cancel has had a decode step on the worker
+
+    def on_work(done: WorkDone) -> None:  # on the worker thread
+        if done.kind == "decode" and any(c.query_id == "gone" for c in done.calls):
+            loops[0].call_soon_threadsafe(stepped.set)
+
+    engine = LlamaCppEngine(max_sequences=4, n_threads=1, on_work=on_work)  # one thread: robust to a busy machine
 
     async def main() -> list[str]:
+        loops.append(asyncio.get_running_loop())
         others = [asyncio.create_task(_generate(engine, p, 24)) for p in prompts[:2]]
         long = node(K.DECODE, engine.name, max_tokens=200)
         kv_cancelled, kv_streamed = await _prefill(engine, prompts[2]), await _prefill(engine, prompts[3])
-        cancelled = asyncio.create_task(engine.run_one(Call("q", long, {"kv": kv_cancelled})))
-        await asyncio.sleep(0)  # it hands its decode in; the worker starts decodes in that order
+        cancelled = asyncio.create_task(engine.run_one(Call("gone", long, {"kv": kv_cancelled})))
+        await stepped.wait()  # its decode is running on the worker
         agen = engine.stream(Call("q", long, {"kv": kv_streamed}))
         assert await anext(agen)  # so both are running now
         cancelled.cancel()
@@ -131,10 +141,13 @@ def test_decodes_leaving_early_do_not_change_the_others(engine, reference) -> No
             await cancelled
         return list(await asyncio.gather(*others))
 
-    texts = run(main(), timeout=180)
-    assert texts == [reference(p, 24) for p in prompts[:2]]
-    assert engine.stats.decode_tokens < 2 * 24 + 2 * 200
-    assert run(_generate(engine, prompts[2], 12)) == reference(prompts[2], 12)  # the engine goes on
+    try:
+        texts = run(main(), timeout=180)
+        assert texts == [reference(p, 24) for p in prompts[:2]]
+        assert engine.stats.decode_tokens < 2 * 24 + 2 * 200
+        assert run(_generate(engine, prompts[2], 12)) == reference(prompts[2], 12)  # the engine goes on
+    finally:
+        run(engine.close())
 
 
 def test_one_decode_a_step_earliest_query_first_gives_the_same_texts(reference) -> None:

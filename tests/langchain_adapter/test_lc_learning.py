@@ -173,6 +173,19 @@ def test_observation_backs_off_while_it_changes_no_plan() -> None:
     fast.close()
 
 
+class FirstSpan(SpanRecorder):
+    """A span recorder whose `first` event is set by the first span (a runtime hook runs on
+    the loop of the runtime, here the caller's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = asyncio.Event()
+
+    def on_span(self, span: Any) -> None:
+        super().on_span(span)
+        self.first.set()
+
+
 def test_a_call_in_flight_keeps_the_plan_it_started_with() -> None:
     gate: dict[str, asyncio.Event] = {}
 
@@ -181,15 +194,14 @@ def test_a_call_in_flight_keeps_the_plan_it_started_with() -> None:
         return q
 
     chain = rag(RunnableLambda(lambda q: q, afunc=wait) | RunnableLambda(lambda q: [Document(page_content=q)]))
-    spans = SpanRecorder()
+    spans = FirstSpan()
     fast = optimize(chain, execution="graph", learn=1, hooks=[spans])
     old = fast.plan
 
     async def run() -> str:
         gate["go"] = asyncio.Event()
         call = asyncio.create_task(fast.ainvoke({"question": "cats"}))
-        while not spans.spans:  # the call has started on its graph
-            await asyncio.sleep(0)
+        await spans.first.wait()  # the call has started on its graph
         for key in fast.plan.steps:  # meanwhile the chain learns that its retrieval is slow
             for _ in range(3):
                 fast.learned.observe(key, "run", 1, 0.3 if "wait" in key or "RunnableLambda" in key else 0.0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import warnings
 from typing import Any
 from uuid import UUID
@@ -17,6 +16,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from lc_fakes import EchoChat, assert_equivalent
 from test_lc_equivalence import CASES
 
+from teola_adapters.simulated import run_virtual
 from teola_langchain import OpaqueStepWarning, TeolaRunnable, optimize
 
 
@@ -76,28 +76,79 @@ def test_a_sync_call_on_a_thread_running_a_loop_runs_as_langchain_runs_it() -> N
     fast.close()
 
 
-def test_max_concurrency_is_honoured_in_batch() -> None:
-    lock = threading.Lock()
-    state = {"now": 0, "peak": 0}
+class Wave:
+    """A sync step (it runs in a worker thread): counts the calls in flight, and holds each of
+    the first `size` calls until `size` of them are in flight at once, so the test sees that
+    many overlap instead of hoping a sleep makes them; the later calls pass at once."""
 
-    def slow(x: int) -> int:
-        with lock:
-            state["now"] += 1
-            state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.02)
-        with lock:
-            state["now"] -= 1
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.together = threading.Barrier(size)
+        self.lock = threading.Lock()
+        self.calls = self.now = self.peak = 0
+
+    def __call__(self, x: int) -> int:
+        with self.lock:
+            self.calls += 1
+            first_wave = self.calls <= self.size
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            if first_wave:
+                self.together.wait(timeout=60)  # only a hang guard: a run that passes never waits it out
+        finally:
+            with self.lock:
+                self.now -= 1
         return x
 
-    fast = optimize(RunnableLambda(slow) | RunnableLambda(lambda x: x + 1))
-    assert fast.batch(list(range(8)), {"max_concurrency": 2}) == list(range(1, 9))
-    assert state["peak"] == 2
-    state["peak"] = 0
-    assert asyncio.run(fast.abatch(list(range(8)), {"max_concurrency": 3})) == list(range(1, 9))
-    assert state["peak"] == 3
-    state["peak"] = 0
-    fast.batch(list(range(8)))
-    assert state["peak"] > 3  # unlimited: every input is its own concurrent query
+
+@pytest.mark.parametrize("execution", ["auto", "graph"])  # lambdas only: "auto" runs as LangChain runs them
+def test_max_concurrency_is_honoured_in_batch(execution: str) -> None:
+    """Sync steps in worker threads: the bound is reached (the first calls wait for each other),
+    and no excess was seen; that none can happen is exact in the abatch test below."""
+    for limit, wave in ((2, 2), (None, 4)):
+        step = Wave(wave)
+        fast = optimize(RunnableLambda(step) | RunnableLambda(lambda x: x + 1), execution=execution)
+        config: RunnableConfig = {"max_concurrency": limit} if limit else {}
+        assert fast.batch(list(range(8)), config) == list(range(1, 9))
+        assert fast.calls_on_graph == (1 if execution == "graph" else 0)
+        if limit:
+            assert step.peak == limit
+        else:
+            assert step.peak >= 4  # unlimited: every input is its own concurrent query
+        fast.close()
+
+
+@pytest.mark.parametrize("execution", ["auto", "graph"])
+def test_max_concurrency_is_honoured_in_abatch_exactly(execution: str) -> None:
+    """Async steps on the virtual-time loop: every query that may start does so before the
+    clock moves, so the peak is exact (a bound not kept is always seen), and so is the
+    number of 1-second waves."""
+    state = {"now": 0, "peak": 0}
+
+    async def slow(x: int) -> int:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(1.0)  # virtual: the model of a step taking a second
+        state["now"] -= 1
+        return x
+
+    async def plus_one(x: int) -> int:
+        return x + 1
+
+    fast = optimize(RunnableLambda(slow) | RunnableLambda(plus_one), execution=execution)
+
+    async def run(config: RunnableConfig) -> tuple[list[int], float]:
+        loop = asyncio.get_running_loop()
+        results = await fast.abatch(list(range(8)), config)
+        return results, loop.time()
+
+    for limit, peak, waves in ((3, 3, 3), (2, 2, 4), (None, 8, 1)):
+        state["peak"] = 0
+        config: RunnableConfig = {"max_concurrency": limit} if limit else {}
+        assert run_virtual(run(config)) == (list(range(1, 9)), float(waves))
+        assert state["peak"] == peak
+    assert fast.calls_on_graph == (3 if execution == "graph" else 0)
     fast.close()
 
 

@@ -1,7 +1,7 @@
 """The gate: model calls of a run wait for Teola's admission, earlier runs first; nothing else changes.
 
 Driven by events (a model that answers when the test releases a prompt, a user handler
-that sees each call issued, span hooks that see each call queued): no sleeps.
+that sees each call issued, the gate's engine scheduler announcing the calls queued): no sleeps.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("langgraph")
 
+from engine_watch import queued
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
@@ -59,13 +60,18 @@ class Issued(BaseCallbackHandler):
     def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
         self.events.setdefault(str(messages[0][-1].content), asyncio.Event()).set()
 
-    async def queued(self, *prompts: str) -> None:
-        """Returns once the calls are issued and waiting in Teola's engine queue: the gate starts
-        a call's hold task in the next loop turn and the engine inbox flushes in the one after."""
+    async def issued(self, *prompts: str) -> None:
+        """Returns once the model calls with these prompts are issued."""
         for prompt in prompts:
             await self.events.setdefault(prompt, asyncio.Event()).wait()
-        for _ in range(3):
-            await asyncio.sleep(0)
+
+
+def waiting_in_teola(fast: Any, calls: int) -> asyncio.Event:
+    """Set once `calls` model calls wait in Teola's queue of the graph's (only) model: its
+    engine scheduler, on the gate's runtime of this loop, holds them."""
+    admission = fast._teola.admission(asyncio.get_running_loop())
+    (engine,) = admission.engines()
+    return queued(admission.runtime(engine), engine, calls)
 
 
 def fan_out(llm: Any, holds: dict[str, asyncio.Event]) -> Any:
@@ -93,9 +99,11 @@ def test_an_earlier_run_goes_first_even_behind_a_later_runs_fan_out() -> None:
         run_a = asyncio.create_task(fast.ainvoke({"first": "", "items": ["a1"], "answers": []}, config))  # rank 0
         run_b = asyncio.create_task(fast.ainvoke({"first": "", "items": ["b1", "b2", "b3"], "answers": []}, config))
         await llm.began("b1")  # B's first call holds the only slot
-        await issued.queued("b2", "b3")  # B's other calls wait
+        await issued.issued("b2", "b3")
+        await waiting_in_teola(fast, 2).wait()  # B's other calls wait
         holds["a1"].set()
-        await issued.queued("a1")  # A's call waits behind them
+        await issued.issued("a1")
+        await waiting_in_teola(fast, 3).wait()  # A's call waits behind them
         llm.open()  # b1 answers; each call admitted from now on answers at once
         await asyncio.gather(run_a, run_b)
         return llm.started

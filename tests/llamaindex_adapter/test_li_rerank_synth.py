@@ -8,11 +8,11 @@ primitives the shape must become.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from engine_watch import hold_batches
 from li_fakes import (
     TEXTS,
     FakeCrossEncoder,
@@ -161,7 +161,6 @@ def test_rerank_error_is_the_users_exception() -> None:
 def _joint_overlap(pp: Any, requests: list[tuple[list[NodeWithScore], Any]]) -> list[list[NodeWithScore]]:
     """One scoring pass over every request's pairs (a pure function of each pair), then
     each request's own sort and cut: what `OverlapRerank._postprocess_nodes` does per request."""
-    time.sleep(0.02)  # a model call takes time: calls of other queries queue meanwhile
     pairs = [
         (q.query_str if q is not None else "", n.node.get_content(metadata_mode=MetadataMode.EMBED))
         for nodes, q in requests
@@ -188,7 +187,9 @@ def test_registered_batch_reranker_batches_concurrent_queries_with_the_same_resu
     hook = Kinds()
 
     async def main() -> list[Any]:
-        fast.runtime_for_current_loop().add_hook(hook)
+        runtime = fast.runtime_for_current_loop()
+        runtime.add_hook(hook)
+        hold_batches(runtime, rerank_engine, len(questions))  # a model call lasts until every query's is in
         return await asyncio.gather(*(fast.aquery(q) for q in questions))
 
     for got, q in zip(asyncio.run(main()), questions, strict=True):

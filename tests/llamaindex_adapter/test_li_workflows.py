@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 if tuple(int(p) for p in li_version.split(".")[:2]) >= (0, 13):
+    from engine_watch import hold_batches
     from li_fakes import TEXTS, HashEmbedding, make_index, recursive_retriever
     from llama_index.core.workflow import Context, Event, StartEvent, StopEvent, Workflow, step
 
@@ -125,13 +126,6 @@ if tuple(int(p) for p in li_version.split(".")[:2]) >= (0, 13):
         async def embed(self, ev: StartEvent) -> StopEvent:
             return StopEvent(result=await self.embed_model.aget_query_embedding(ev.text))
 
-    class SlowEmbedding(HashEmbedding):
-        """Takes a moment per call, so calls of other runs queue behind it and batch."""
-
-        async def _aget_query_embedding(self, query: str) -> list[float]:
-            await asyncio.sleep(0.02)
-            return self._vec(query)
-
     class BrokenLLM(MockLLM):
         async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
             raise ValueError(f"model refused: {prompt}")
@@ -173,12 +167,19 @@ def test_sequential_steps() -> None:
     assert {s.node.config["teola_depth"] for s in spans.spans} == {1, 2}
 
 
+def embedding_engine(fast: TeolaWorkflow) -> Any:
+    (engine,) = (e for e in fast.engines.engines.values() if PrimitiveKind.EMBED in e.kinds)
+    return engine
+
+
 def test_fan_out_with_collect() -> None:
-    wf = FanOut(MockLLM(), SlowEmbedding(embed_dim=8))
+    wf = FanOut(MockLLM(), HashEmbedding(embed_dim=8))
     fast, spans = optimized(wf)
 
     async def main() -> tuple[Any, Any]:
-        return await wf.run(topic="dogs", n=4), await fast.run(topic="dogs", n=4)
+        plain = await wf.run(topic="dogs", n=4)
+        hold_batches(fast.runtime(), embedding_engine(fast), 4)  # the model is busy until every part's call is in
+        return plain, await fast.run(topic="dogs", n=4)
 
     plain, got = asyncio.run(main())
     assert got == plain and len(got) == 4
@@ -223,12 +224,13 @@ def test_a_retrievers_index_nodes_are_resolved_as_its_own_aretrieve_does() -> No
 
 
 def test_concurrent_runs_batch_their_embeddings() -> None:
-    wf = Embedder(SlowEmbedding(embed_dim=8))
+    wf = Embedder(HashEmbedding(embed_dim=8))
     fast, spans = optimized(wf)
     texts = [f"text {i}" for i in range(6)]
 
     async def main() -> tuple[list[Any], list[Any]]:
         plain = [await wf.run(text=t) for t in texts]
+        hold_batches(fast.runtime(), embedding_engine(fast), len(texts))  # busy until every run's call is in
         return plain, list(await asyncio.gather(*(fast.run(text=t) for t in texts)))
 
     plain, got = asyncio.run(main())

