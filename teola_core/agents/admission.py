@@ -17,14 +17,18 @@ one call, so a pool sized below the programs' contexts never leaves the engine i
 
     admission = ProgramAdmission(capacity_tokens=450_000)
     admission.set_context("agent3", rank=3, tokens=41_000)
-    await admission.enter("agent3")   # returns at once, or when older programs make room
-    admission.leave("agent3")          # finished
+    await admission.call("agent3")    # returns at once, or when older programs make room
+    admission.done("agent3"); admission.leave("agent3")
+
+The rule itself is `AdmissionRule`, a pure state machine (stimuli in, who may call out),
+tested without an event loop; `ProgramAdmission` mirrors its decisions into one
+`asyncio.Event` per program.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -32,13 +36,14 @@ class _Entry:
     rank: int  # the program's order of start
     tokens: int
     admitted: bool = False  # its context fits among the older programs'
-    waiting: bool = False  # in `call`, not yet let through
+    waiting: bool = False  # asking to call, not yet let through
     calling: int = 0  # its model calls under way
-    go: asyncio.Event = field(default_factory=asyncio.Event)
+    go: bool = False  # may call now
 
 
-class ProgramAdmission:
-    """The admitted set for one engine's KV pool; see the module docstring."""
+class AdmissionRule:
+    """Who may call the model now (see the module docstring), as a pure state machine: each
+    stimulus updates the programs' `go` flags; `may_call` reads them."""
 
     def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0) -> None:
         if capacity_tokens <= 0:
@@ -46,71 +51,135 @@ class ProgramAdmission:
         if not overcommit > 0:
             raise ValueError(f"admission overcommit must be positive, got {overcommit}")
         self.limit_tokens = capacity_tokens * overcommit
-        self._entries: dict[str, _Entry] = {}
+        self.entries: dict[str, _Entry] = {}
 
     def set_context(self, program: str, *, rank: int, tokens: int) -> None:
         """The program's context is now `tokens` long (its next call's prompt and answer);
         `rank` orders programs by start (lower: older)."""
-        entry = self._entries.get(program)
+        entry = self.entries.get(program)
         if entry is None:
-            self._entries[program] = _Entry(rank, tokens)
+            self.entries[program] = _Entry(rank, tokens)
         else:
             entry.tokens = tokens
         self._settle()
 
     def may_call(self, program: str) -> bool:
-        """Would `call` return at once?"""
-        entry = self._entries.get(program)
-        return entry is None or entry.go.is_set()
+        """May the program call now (unknown programs always may)?"""
+        entry = self.entries.get(program)
+        return entry is None or entry.go
 
-    async def call(self, program: str) -> None:
-        """Wait until the program may call the model, and mark it calling until `done`
-        (`set_context` first; unknown programs pass)."""
-        entry = self._entries.get(program)
-        if entry is None:
-            return
-        entry.waiting = True
-        self._settle()  # an idle engine lets it through at once
-        try:
-            await entry.go.wait()
-        except BaseException:
+    def ask(self, program: str) -> None:
+        """The program wants to call (an idle engine lets it through at once)."""
+        self.entries[program].waiting = True
+        self._settle()
+
+    def give_up(self, program: str) -> None:
+        """The program stopped waiting (cancelled): a turn it was given passes on."""
+        entry = self.entries.get(program)
+        if entry is not None:
             entry.waiting = False
-            self._settle()  # a turn it was given passes on
-            raise
+            self._settle()
+
+    def start(self, program: str) -> None:
+        """The program was let through: its call is under way until `done`."""
+        entry = self.entries[program]
         entry.waiting = False
         entry.calling += 1
         self._settle()
 
     def done(self, program: str) -> None:
         """One of the program's model calls ended."""
-        entry = self._entries.get(program)
+        entry = self.entries.get(program)
         if entry is not None and entry.calling:
             entry.calling -= 1
             self._settle()
 
     def leave(self, program: str) -> None:
         """The program finished: its room goes to the next ones in line."""
-        if self._entries.pop(program, None) is not None:
+        if self.entries.pop(program, None) is not None:
             self._settle()
 
     def admitted(self) -> list[str]:
         """Programs whose contexts fit, oldest first."""
-        return [name for name, e in sorted(self._entries.items(), key=lambda kv: kv[1].rank) if e.admitted]
+        return [name for name, e in sorted(self.entries.items(), key=lambda kv: kv[1].rank) if e.admitted]
 
     def _settle(self) -> None:
         total, room = 0, True
-        ordered = sorted(self._entries.values(), key=lambda e: e.rank)
+        ordered = sorted(self.entries.values(), key=lambda e: e.rank)
         for entry in ordered:
             total += entry.tokens
             room = room and (total <= self.limit_tokens or total == entry.tokens)  # the oldest always
             entry.admitted = room
         # Work-conserving: while no program uses the engine, the next in line may, one at a time.
-        idle = not any(e.calling or (e.waiting and e.go.is_set()) for e in ordered)
+        idle = not any(e.calling or (e.waiting and e.go) for e in ordered)
         for entry in ordered:
-            if entry.admitted or entry.calling or (entry.waiting and entry.go.is_set()):
-                entry.go.set()
+            if entry.admitted or entry.calling or (entry.waiting and entry.go):
+                entry.go = True
             elif idle and entry.waiting:
-                entry.go.set()
+                entry.go = True
                 idle = False
             else:
-                entry.go.clear()
+                entry.go = False
+
+
+class ProgramAdmission:
+    """The admitted set for one engine's KV pool: `AdmissionRule`, whose decisions wake the
+    programs waiting in `call` (one `asyncio.Event` per program, mirroring its flag)."""
+
+    def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0) -> None:
+        self.rule = AdmissionRule(capacity_tokens, overcommit=overcommit)
+        self._events: dict[str, asyncio.Event] = {}
+
+    @property
+    def limit_tokens(self) -> float:
+        return self.rule.limit_tokens
+
+    def set_context(self, program: str, *, rank: int, tokens: int) -> None:
+        """See `AdmissionRule.set_context`."""
+        self.rule.set_context(program, rank=rank, tokens=tokens)
+        self._mirror()
+
+    def may_call(self, program: str) -> bool:
+        """Would `call` return at once?"""
+        return self.rule.may_call(program)
+
+    async def call(self, program: str) -> None:
+        """Wait until the program may call the model, and mark it calling until `done`
+        (`set_context` first; unknown programs pass)."""
+        if program not in self.rule.entries:
+            return
+        self.rule.ask(program)
+        self._mirror()
+        try:
+            await self._events[program].wait()
+        except BaseException:
+            self.rule.give_up(program)
+            self._mirror()
+            raise
+        self.rule.start(program)
+        self._mirror()
+
+    def done(self, program: str) -> None:
+        """One of the program's model calls ended."""
+        self.rule.done(program)
+        self._mirror()
+
+    def leave(self, program: str) -> None:
+        """The program finished: its room goes to the next ones in line."""
+        self.rule.leave(program)
+        self._mirror()
+
+    def admitted(self) -> list[str]:
+        """Programs whose contexts fit, oldest first."""
+        return self.rule.admitted()
+
+    def _mirror(self) -> None:
+        """Each program's event follows its `go` flag; a program that left has none."""
+        for program in set(self._events) - set(self.rule.entries):
+            del self._events[program]
+        for program, entry in self.rule.entries.items():
+            event = self._events.setdefault(program, asyncio.Event())
+            if entry.go:
+                event.set()
+            else:
+                event.clear()

@@ -13,7 +13,7 @@ from teola_adapters.simulated import SimLLM
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_core.agents import AgentFeatures, AgentRuntime
-from teola_core.agents.admission import ProgramAdmission
+from teola_core.agents.admission import AdmissionRule, ProgramAdmission
 from teola_core.engines.protocol import EngineSet
 
 
@@ -25,6 +25,29 @@ def step(call: Coroutine[Any, Any, None]) -> bool:
     except StopIteration:
         return True
     return False
+
+
+def test_the_rule_alone_stimuli_in_who_may_call_out() -> None:
+    """The pure rule, no event loop: the oldest fit; an idle engine lets the next one in line
+    make one call; a turn given up passes on."""
+    rule = AdmissionRule(capacity_tokens=100)
+    for rank, name in enumerate("abc"):
+        rule.set_context(name, rank=rank, tokens=60)
+    assert rule.admitted() == ["a"] and [rule.may_call(p) for p in "abc"] == [True, False, False]
+    rule.ask("c")  # nobody calls: the engine is idle, so c may make one call
+    assert rule.may_call("c") and not rule.may_call("b")
+    rule.ask("b")
+    assert not rule.may_call("b")  # c holds the idle turn
+    rule.give_up("c")  # c was cancelled before it called: its turn passes to b
+    assert rule.may_call("b") and not rule.may_call("c")
+    rule.start("b")
+    rule.ask("c")
+    assert not rule.may_call("c")  # b is calling: not idle
+    rule.leave("a")  # b is now the oldest: admitted; c still does not fit beside it
+    assert rule.admitted() == ["b"] and not rule.may_call("c")
+    rule.done("b")
+    assert rule.may_call("c")  # idle again: c's turn
+    assert rule.may_call("unknown")
 
 
 def test_the_oldest_programs_whose_contexts_fit_are_admitted() -> None:
