@@ -70,13 +70,14 @@ def test_queries_and_documents_are_embedded_apart(embedder) -> None:
     assert embedder.model_calls - before == 2 and all(len(r["vectors"]) == 1 for r in results)
 
 
-def test_measure_profile_gives_a_growing_embed_curve(embedder) -> None:
+def test_measure_profile_gives_the_embedder_an_embed_curve(embedder) -> None:
     profile = run(measure_profile(embedder, batch_sizes=(1, 8, 32), repeats=1))
     assert embedder.profile is profile
     assert [x for x, _ in profile.curves["embed"].points] == [1, 8, 32]
-    assert 0 < profile.latency("embed", 1) < profile.latency("embed", 32)
-    # How much batching pays is a timing claim, measured side by side by `teola profile`
-    # (one loaded run here: 32 texts together 0.22 s against 0.40 s as 32 one-text batches).
+    assert all(seconds > 0 for _, seconds in profile.curves["embed"].points)
+    # Its shape (how much batching pays) is a timing claim, measured side by side by
+    # `teola profile` on a quiet machine; on a loaded one a single text once took 0.49 s
+    # and 32 texts 0.32 s, so not even its order is a test's to assert.
 
 
 def test_missing_dependency_names_the_extra() -> None:
