@@ -81,10 +81,7 @@ class SimEmbedder(Engine):
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         items = sum(count_items(c.inputs.get("texts")) for c in calls)
-        seconds = self.profile.latency("embed", items)
-        async with self.clock.slot():
-            await self.clock.spend(seconds)
-            self.stats.record(len(calls), items, seconds)
+        await self.clock.spend_batch(self.profile.latency("embed", items), self.stats, len(calls), items)
         return [self._one(c) for c in calls]
 
     def _one(self, call: Call) -> CallResult:

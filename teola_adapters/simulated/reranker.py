@@ -52,10 +52,7 @@ class SimReranker(Engine):
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         items = sum(count_items(c.inputs.get("docs")) for c in calls)
-        seconds = self.profile.latency("rerank", items)
-        async with self.clock.slot():
-            await self.clock.spend(seconds)
-            self.stats.record(len(calls), items, seconds)
+        await self.clock.spend_batch(self.profile.latency("rerank", items), self.stats, len(calls), items)
         return [self._one(c) for c in calls]
 
     def _one(self, call: Call) -> CallResult:
