@@ -45,6 +45,12 @@ def decode_outputs(node: Node, text: str) -> dict[str, Any]:
     return outputs
 
 
+def check_streamable(call: Call, engine: str) -> None:
+    """Only decodes stream text: any other primitive asked to stream is the caller's mistake."""
+    if call.node.kind not in DECODES:
+        raise TypeError(f"{engine} can only stream decode primitives, not {call.node.describe()}")
+
+
 def prompt_text(value: Any, port: str, engine: str) -> str:
     """Prompts are text; say which port held something else."""
     if not isinstance(value, str):

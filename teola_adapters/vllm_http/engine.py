@@ -35,7 +35,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text, stop_list
+from teola_adapters._llm import (
+    DECODES,
+    LLM_KINDS,
+    PREFILLS,
+    check_streamable,
+    decode_outputs,
+    own_handle,
+    prompt_text,
+    stop_list,
+)
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
@@ -129,9 +138,7 @@ class VLLMHTTPEngine(Engine):
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """The decode's text deltas as the server streams them."""
-        node = call.node
-        if node.kind not in DECODES:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {node.describe()}")
+        check_streamable(call, self.name)
         params = self._completion_params(call)
         self.stats.decodes += 1
         sent_any = False

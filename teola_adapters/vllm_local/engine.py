@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text
+from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, check_streamable, decode_outputs, own_handle, prompt_text
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_adapters.vllm_local.dependency import import_vllm
 from teola_adapters.vllm_local.errors import VLLMLocalError, brief
@@ -107,9 +107,7 @@ class VLLMLocalEngine(Engine, KVPool):
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """The decode's text deltas as vLLM produces them (handed over from vLLM's loop)."""
-        node = call.node
-        if node.kind not in DECODES:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {node.describe()}")
+        check_streamable(call, self.name)
         request = self._decode_request(call, stream=True)
         self.stats.decodes += 1
         loop = asyncio.get_running_loop()
