@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __version__ = "0.1.0"
@@ -29,27 +31,31 @@ def optimize(runnable: Any, **options: Any) -> Any:
             f"teola.optimize takes a LangChain runnable (or a dict or function LangChain makes one of), a LangGraph "
             f"graph, or a LlamaIndex query engine, QueryPipeline, Workflow or agent; got {type(runnable).__name__}"
         )
-    try:
+    with _framework_required("langchain_core", "langchain-core", "langchain"):
         from teola_langchain.runnable import optimize as optimize_langchain
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "langchain_core":
-            raise ModuleNotFoundError(
-                "teola.optimize needs langchain-core: pip install 'teola[langchain]'", name=exc.name
-            ) from exc
-        raise
     return optimize_langchain(runnable, **options)
 
 
 def _optimize_llamaindex(obj: Any, **options: Any) -> Any:
-    try:
+    with _framework_required("llama_index", "llama-index-core", "llamaindex"):
         from teola_llamaindex import optimize as optimize_llamaindex
+    return optimize_llamaindex(obj, **options)
+
+
+@contextmanager
+def _framework_required(package: str, distribution: str, extra: str) -> Iterator[None]:
+    """Imports inside: a missing framework `package` fails naming the extra that installs it.
+
+    A missing module of any other package is a real bug and propagates unchanged.
+    """
+    try:
+        yield
     except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "llama_index":
+        if exc.name is not None and exc.name.split(".")[0] == package:
             raise ModuleNotFoundError(
-                "teola.optimize needs llama-index-core: pip install 'teola[llamaindex]'", name=exc.name
+                f"teola.optimize needs {distribution}: pip install 'teola[{extra}]'", name=exc.name
             ) from exc
         raise
-    return optimize_llamaindex(obj, **options)
 
 
 __all__ = ["__version__", "optimize"]

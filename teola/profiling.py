@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from teola.cli_support import DefaultsFormatter, bounded_int, working
+from teola_core.engines.protocol import Engine
+
+E = TypeVar("E", bound=Engine)
 
 ENGINES = ("llamacpp", "embeddings", "rerank", "pgvector", "vllm")
 
@@ -57,40 +62,37 @@ async def _measure(engine: str, repeats: int, out: Path, url: str | None, model:
     if engine == "llamacpp":
         from teola_adapters.llamacpp import LlamaCppEngine, measure_profile
 
-        llm = LlamaCppEngine()
-        try:
+        async with _closing(LlamaCppEngine()) as llm:
             return await measure_profile(llm, repeats=repeats, save_to=out)
-        finally:
-            await llm.close()
     if engine in ("embeddings", "rerank"):
         from teola_adapters.embeddings import SentenceTransformerEmbedder
         from teola_adapters.embeddings import measure_profile as measure_embedder
 
-        embedder = SentenceTransformerEmbedder()
-        try:
+        async with _closing(SentenceTransformerEmbedder()) as embedder:
             if engine == "embeddings":
                 return await measure_embedder(embedder, repeats=repeats, save_to=out)
             from teola_adapters.rerank import make_reranker
             from teola_adapters.rerank import measure_profile as measure_reranker
 
             return await measure_reranker(make_reranker(embedder=embedder), repeats=repeats, save_to=out)
-        finally:
-            await embedder.close()
     if engine == "pgvector":
         from teola_adapters.pgvector import PgVectorStore
         from teola_adapters.pgvector import measure_profile as measure_store
 
-        store = PgVectorStore()
-        try:
+        async with _closing(PgVectorStore()) as store:
             return await measure_store(store, repeats=repeats, save_to=out)
-        finally:
-            await store.close()
     from teola_adapters.vllm_http import VLLMHTTPEngine
     from teola_adapters.vllm_http import measure_profile as measure_vllm
 
     assert url is not None and model is not None
-    vllm = VLLMHTTPEngine(url, model)
-    try:
+    async with _closing(VLLMHTTPEngine(url, model)) as vllm:
         return await measure_vllm(vllm, repeats=repeats, save_to=out)
+
+
+@asynccontextmanager
+async def _closing(engine: E) -> AsyncIterator[E]:
+    """`engine` for the block, closed after it whatever happens: it holds a model, a server or a database."""
+    try:
+        yield engine
     finally:
-        await vllm.close()
+        await engine.close()

@@ -45,6 +45,24 @@ def decode_outputs(node: Node, text: str) -> dict[str, Any]:
     return outputs
 
 
+def check_streamable(call: Call, engine: str) -> None:
+    """Only decodes stream text: any other primitive asked to stream is the caller's mistake."""
+    if call.node.kind not in DECODES:
+        raise TypeError(f"{engine} can only stream decode primitives, not {call.node.describe()}")
+
+
+def server_cached_prefill(call: Call, engine: str) -> dict[str, KVHandle]:
+    """A PREFILL on an engine whose server keeps its own prefix cache: the handle only names the prompt.
+
+    The decode sends the whole prompt and the server finds what is cached; a FULL_PREFILL's
+    `prefix_kv` (from a partial prefill) must still be this engine's.
+    """
+    prompt = prompt_text(call.inputs.get("prompt"), "prompt", engine)
+    if call.node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
+        own_handle(call.inputs["prefix_kv"], call, engine)
+    return {"kv": KVHandle(engine, prompt)}
+
+
 def prompt_text(value: Any, port: str, engine: str) -> str:
     """Prompts are text; say which port held something else."""
     if not isinstance(value, str):

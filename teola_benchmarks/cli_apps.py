@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 
@@ -48,13 +49,7 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
         return 0
     time_scale = _app_time_scale(args, " (use --overhead for zero-latency fakes)")
     with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
-        result = bench_langchain(
-            args.langchain,
-            queries=args.queries or 16,
-            concurrency=args.concurrency,
-            time_scale=time_scale,
-            batching=args.batching,
-        )
+        result = bench_langchain(args.langchain, **_app_options(args, time_scale))
     return _report_app(args, result, result.example)
 
 
@@ -64,6 +59,16 @@ def _app_time_scale(args: argparse.Namespace, hint: str = "") -> float:
     if time_scale <= 0:
         raise SystemExit(f"teola bench: --time-scale must be > 0{hint}")
     return time_scale
+
+
+def _app_options(args: argparse.Namespace, time_scale: float) -> dict[str, Any]:
+    """What every app bench is given from the command line (16 queries unless --queries)."""
+    return {
+        "queries": args.queries or 16,
+        "concurrency": args.concurrency,
+        "time_scale": time_scale,
+        "batching": args.batching,
+    }
 
 
 def _report_app(args: argparse.Namespace, result: FrameworkBenchResult, title: str) -> int:
@@ -83,13 +88,7 @@ def run_llamaindex_bench(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --overhead is not available with --llamaindex")
     time_scale = _app_time_scale(args)
     with working(f"{args.llamaindex}: LlamaIndex vs teola.optimize on simulated servers"):
-        result = bench_llamaindex(
-            args.llamaindex,
-            queries=args.queries or 16,
-            concurrency=args.concurrency,
-            time_scale=time_scale,
-            batching=args.batching,
-        )
+        result = bench_llamaindex(args.llamaindex, **_app_options(args, time_scale))
     return _report_app(args, result, f"{result.example} (LlamaIndex)")
 
 
@@ -103,13 +102,6 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise SystemExit("teola bench: --max-num-seqs must be >= 1")
     with working(f"{args.langgraph}: LangGraph vs teola.optimize on simulated servers"):
-        result = bench_langgraph(
-            args.langgraph,
-            queries=args.queries or 16,
-            concurrency=args.concurrency,
-            time_scale=time_scale,
-            batching=args.batching,
-            max_num_seqs=args.max_num_seqs,
-        )
+        result = bench_langgraph(args.langgraph, max_num_seqs=args.max_num_seqs, **_app_options(args, time_scale))
     bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
     return _report_app(args, result, f"{result.example} (LangGraph{bound})")

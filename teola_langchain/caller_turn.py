@@ -16,6 +16,8 @@ import queue
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from teola_core.runtime.per_loop import running_loop
+
 T = TypeVar("T")
 
 
@@ -39,11 +41,7 @@ class CallerTurn:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """In the caller's thread: run `coro` on the loop, serving its `call`s, until it ends."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
+        if running_loop() is self._loop:
             coro.close()
             raise RuntimeError("a sync call of an optimized agent ran on its own event loop; use the async methods")
         done = asyncio.run_coroutine_threadsafe(coro, self._loop)

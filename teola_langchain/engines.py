@@ -38,22 +38,21 @@ together). Only the proven `aembed_documents` path batches across queries.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.vectorstores import VectorStore
 
+from teola_core.engines.choices import ComponentEngines, EngineOption
 from teola_core.engines.choices import EngineChoices as CoreEngineChoices
-from teola_core.engines.choices import EngineOption
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import (
     Call,
     CallResult,
     Engine,
     EngineLimits,
-    EngineSet,
     PerCallEngine,
     StreamResult,
 )
@@ -259,12 +258,11 @@ def _is_vllm_http(engine: object) -> bool:
     return isinstance(engine, VLLMHTTPEngine)
 
 
-class EngineRegistry:
+class EngineRegistry(ComponentEngines):
     """One engine per component object, named after its class; builds the `EngineSet`."""
 
     def __init__(self, choices: EngineChoices | None = None) -> None:
-        self.engines = EngineSet()
-        self.choices = choices or EngineChoices()
+        super().__init__(choices or EngineChoices())
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
         def make(name: str) -> LangChainLLMEngine:
@@ -278,6 +276,3 @@ class EngineRegistry:
 
     def vectorstore(self, store: VectorStore) -> str:
         return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
-
-    def _get(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
-        return self.engines.engine_for(component, role, lambda name: self.choices.engine(component, role, make(name)))

@@ -27,25 +27,8 @@ _FIELD = re.compile(r"\{([^{}]+)\}")  # llama_index.core.prompts.utils.SafeForma
 
 def segments_of(template: str, keys: Collection[str]) -> PromptTemplate | None:
     """The template's segments given the keys it is formatted with; None if a key is no port name."""
-    if not all(key.isidentifier() for key in keys):
-        return None
-    segments: list[Segment] = []
-    literal, pos = "", 0
-    for match in _FIELD.finditer(template):
-        literal += template[pos : match.start()]
-        key = match.group(1)
-        if key in keys:
-            if literal:
-                segments.append(Segment(text=literal))
-            literal = ""
-            segments.append(Segment(var=key))
-        else:
-            literal += match.group(0)
-        pos = match.end()
-    literal += template[pos:]
-    if literal:
-        segments.append(Segment(text=literal))
-    return PromptTemplate(tuple(segments))
+    segments = segments_with(template, keys, {})
+    return None if segments is None else PromptTemplate(tuple(segments))
 
 
 def segments_with(template: str, variables: Collection[str], constants: Mapping[str, Any]) -> list[Segment] | None:

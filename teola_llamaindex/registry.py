@@ -16,15 +16,13 @@ Teola cannot check what it computes against the component.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.llms import LLM
 
-from teola_core.engines.choices import EngineChoices, EngineOption
-from teola_core.engines.protocol import Engine, EngineSet
+from teola_core.engines.choices import ComponentEngines, EngineChoices, EngineOption
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_llamaindex.engines import LlamaIndexEmbeddingEngine, LlamaIndexRetrieverEngine
 from teola_llamaindex.prefix_warmup import llm_engine
@@ -45,7 +43,7 @@ def engine_choices(option: EngineOption) -> EngineChoices:
     return EngineChoices(option, ROLE_KINDS)
 
 
-class EngineRegistry:
+class EngineRegistry(ComponentEngines):
     """One engine per component object, named after its class; builds the `EngineSet`.
 
     `choices`: the `engines=` option (default: Teola's own engine for every component).
@@ -54,8 +52,7 @@ class EngineRegistry:
     """
 
     def __init__(self, choices: EngineChoices | None = None, *, warm_prefix: bool = True) -> None:
-        self.engines = EngineSet()
-        self.choices = choices or engine_choices(None)
+        super().__init__(choices or engine_choices(None))
         self.warm_prefix = warm_prefix
 
     def llm(self, llm: LLM) -> str:
@@ -74,6 +71,3 @@ class EngineRegistry:
 
     def reranker(self, postprocessor: Any) -> str:
         return self._get(postprocessor, "rerank", lambda name: LlamaIndexRerankEngine(name, postprocessor))
-
-    def _get(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
-        return self.engines.engine_for(component, role, lambda name: self.choices.engine(component, role, make(name)))

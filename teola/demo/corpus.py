@@ -16,8 +16,8 @@ from importlib import resources
 from typing import Any
 
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import Node, kind_node
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,7 @@ def collection_name(paragraphs: list[Paragraph]) -> str:
 
 
 def _node(kind: PrimitiveKind, engine: str, **config: Any) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(f"demo.{kind.value}", kind, spec.inputs, spec.outputs, engine=engine, config=config, caps=spec.caps)
+    return kind_node(f"demo.{kind.value}", kind, engine, config)
 
 
 async def ingest(

@@ -89,15 +89,10 @@ class LangChainApp(_OptimizedApp):
         self.optimized = self.runnable
 
     def input_schema(self) -> type[BaseModel] | None:
-        schema = self.runnable.get_input_schema()
-        return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+        return _pydantic_model(self.runnable.get_input_schema())
 
     async def ainvoke(self, value: Any) -> Any:
-        steps = failed_step_tracker()
-        try:
-            return await self.runnable.ainvoke(value, config={"callbacks": [steps]})
-        except Exception as exc:
-            raise AppFailed(exc, steps.failed) from exc
+        return await _ainvoke_naming_failed_step(self.runnable, value)
 
     async def astream(self, value: Any) -> AsyncIterator[Any]:
         steps = failed_step_tracker()
@@ -165,14 +160,10 @@ class LangGraphApp:
             schema = self.graph.get_input_schema()
         except PydanticUserError:  # a typing.TypedDict state on Python < 3.12: pydantic cannot read it
             return _typed_dict_schema(self.graph)
-        return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+        return _pydantic_model(schema)
 
     async def ainvoke(self, value: Any) -> Any:
-        steps = failed_step_tracker()
-        try:
-            return await self.graph.ainvoke(value, config={"callbacks": [steps]})
-        except Exception as exc:
-            raise AppFailed(exc, steps.failed) from exc
+        return await _ainvoke_naming_failed_step(self.graph, value)
 
     async def astream(self, value: Any) -> AsyncIterator[Any]:
         yield await self.ainvoke(value)
@@ -185,6 +176,21 @@ class LangGraphApp:
 
     async def close(self) -> None:
         self.graph.close()
+
+
+def _pydantic_model(schema: Any) -> type[BaseModel] | None:
+    """`schema` if it is a pydantic model class (what the server validates requests with), else None."""
+    return schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+
+
+async def _ainvoke_naming_failed_step(runnable: Any, value: Any) -> Any:
+    """`runnable.ainvoke(value)`; a failure is raised as `AppFailed` naming the step that raised it,
+    as LangChain's callbacks report it."""
+    steps = failed_step_tracker()
+    try:
+        return await runnable.ainvoke(value, config={"callbacks": [steps]})
+    except Exception as exc:
+        raise AppFailed(exc, steps.failed) from exc
 
 
 def _typed_dict_schema(graph: Any) -> type[BaseModel] | None:

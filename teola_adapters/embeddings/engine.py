@@ -31,8 +31,8 @@ from typing import Any
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
-from teola_core.ir.kinds import PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import kind_node
 from teola_core.profiles.profile import LatencyProfile
 
 _BUNDLED_PROFILE = Path(__file__).with_name("profile.json")
@@ -266,9 +266,7 @@ async def measure_profile(
     """Measure the `embed` curve (seconds per batch of n short texts) and install it on the engine."""
     from teola_core.profiles.profiler import profile_engine
 
-    spec = spec_of(PrimitiveKind.EMBED)
-    assert spec.inputs is not None and spec.outputs is not None
-    node = Node("profile.embed", PrimitiveKind.EMBED, spec.inputs, spec.outputs, engine=engine.name, caps=spec.caps)
+    node = kind_node("profile.embed", PrimitiveKind.EMBED, engine.name)
     texts = profile_texts(max(batch_sizes))
     profile = await profile_engine(
         engine, lambda n: [Call("profile", node, {"texts": texts[:n]})], "embed", batch_sizes, repeats, save_to=save_to

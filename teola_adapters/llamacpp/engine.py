@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from teola_adapters._llm import (
-    DECODES,
     LLM_KINDS,
     PREFILLS,
+    check_streamable,
     decode_outputs,
     own_handle,
     prompt_text,
@@ -157,8 +157,7 @@ class LlamaCppEngine(Engine, KVRetention):
 
     async def stream(self, call: Call, *, decode_batch: int | None = None) -> AsyncIterator[str]:
         """A decode's text as deltas, each sent as its token is produced (no polling)."""
-        if call.node.kind not in DECODES:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {call.node.describe()}")
+        check_streamable(call, self.name)
         cap = self._cap(decode_batch)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[str | None] = asyncio.Queue()

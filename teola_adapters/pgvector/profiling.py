@@ -13,16 +13,14 @@ from pathlib import Path
 
 from teola_adapters.pgvector.engine import PgVectorStore
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import Node, kind_node
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.profiles.profiler import profile_engine
 
 
 def _node(kind: PrimitiveKind, engine: str, **config: object) -> Node:
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(f"profile.{kind.value}", kind, spec.inputs, spec.outputs, engine=engine, config=config, caps=spec.caps)
+    return kind_node(f"profile.{kind.value}", kind, engine, config)
 
 
 async def measure_profile(

@@ -24,8 +24,8 @@ from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_adapters.embeddings.engine import SentenceTransformerEmbedder
 from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
-from teola_core.ir.kinds import PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.node import kind_node
 from teola_core.ir.types import Document, Scored
 from teola_core.profiles.profile import LatencyProfile
 
@@ -206,9 +206,7 @@ async def measure_profile(
     from teola_adapters.embeddings.engine import profile_texts
     from teola_core.profiles.profiler import profile_engine
 
-    spec = spec_of(PrimitiveKind.RERANK)
-    assert spec.inputs is not None and spec.outputs is not None
-    node = Node("profile.rerank", PrimitiveKind.RERANK, spec.inputs, spec.outputs, engine=engine.name, caps=spec.caps)
+    node = kind_node("profile.rerank", PrimitiveKind.RERANK, engine.name)
     texts = profile_texts(max(batch_sizes) * (repeats + 2))
     docs = [Document(f"p{i}", t) for i, t in enumerate(texts)]
     runs = iter(range(10**9))

@@ -142,3 +142,12 @@ class SimClock:
             self._gate, self._gate_loop = asyncio.Semaphore(self.concurrency), loop
         async with self._gate:
             yield
+
+    async def spend_batch(self, seconds: float, stats: EngineStats, calls: int, items: int) -> None:
+        """Run one batch: hold an instance for its `seconds`, then count it in `stats`.
+
+        The counting stays inside the slot, so stats never show a batch before its time is spent.
+        """
+        async with self.slot():
+            await self.spend(seconds)
+            stats.record(calls, items, seconds)

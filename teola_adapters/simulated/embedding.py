@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 
-from teola_adapters.simulated.clock import EngineStats, SimClock, count_items, stable_hash
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_adapters.simulated.clock import stable_hash
+from teola_adapters.simulated.one_curve import OneCurveEngine
+from teola_core.engines.protocol import Call, CallResult
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.profiles.profile import LatencyProfile
 
@@ -29,12 +29,16 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-class SimEmbedder(Engine):
+class SimEmbedder(OneCurveEngine):
     """EMBED: `texts` -> `vectors`. One batch costs the profile's `embed` latency at its item total.
 
     dim: vector size. 64 keeps vectors small while the benchmarks' ~50-word vocabulary
     mostly lands in distinct buckets (at 32 most words would share one).
     """
+
+    kind = PrimitiveKind.EMBED
+    curve = "embed"
+    items_port = "texts"
 
     def __init__(
         self,
@@ -47,14 +51,8 @@ class SimEmbedder(Engine):
     ) -> None:
         if dim < 2:
             raise ValueError(f"dim must be >= 2, got {dim}")
-        profile.curve("embed")  # fail now, not on the first batch
-        self.name = name
-        self.kinds = frozenset({PrimitiveKind.EMBED})
-        self.profile = profile
-        self.limits = EngineLimits(concurrency=concurrency)
+        super().__init__(profile, time_scale=time_scale, name=name, concurrency=concurrency)
         self.dim = dim
-        self.clock = SimClock(time_scale, concurrency)
-        self.stats = EngineStats()
         self._buckets: dict[str, tuple[int, float]] = {}  # word -> (index, sign), a pure memo
 
     def embed(self, text: str) -> list[float]:
@@ -78,14 +76,6 @@ class SimEmbedder(Engine):
                 self._buckets.clear()
             self._buckets[word] = hit
         return hit
-
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        items = sum(count_items(c.inputs.get("texts")) for c in calls)
-        seconds = self.profile.latency("embed", items)
-        async with self.clock.slot():
-            await self.clock.spend(seconds)
-            self.stats.record(len(calls), items, seconds)
-        return [self._one(c) for c in calls]
 
     def _one(self, call: Call) -> CallResult:
         try:

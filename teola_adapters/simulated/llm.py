@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import count
 from typing import Any
 
-from teola_adapters._llm import common_prefix, decode_outputs
+from teola_adapters._llm import check_streamable, common_prefix, decode_outputs
 from teola_adapters.simulated.clock import SimClock
 from teola_adapters.simulated.llm_state import (
     DecodeSequence,
@@ -223,8 +223,7 @@ class SimLLM(Engine, KVRetention, KVPool):
 
     def _decodetext_input(self, call: Call) -> tuple[str, str, list[str]]:
         """The KV handle's prompt, the decode's text and its pieces."""
-        if call.node.kind not in DECODE_KINDS:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {call.node.describe()}")
+        check_streamable(call, self.name)
         if "kv" not in call.inputs:
             raise KeyError(f"{call.node.describe()} has no `kv` input to decode from")
         kv = self._own(call.inputs["kv"])

@@ -13,11 +13,11 @@ rank ahead of it overall.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from teola_adapters.simulated.clock import EngineStats, SimClock, count_items, stable_hash
+from teola_adapters.simulated.clock import stable_hash
 from teola_adapters.simulated.embedding import words
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_adapters.simulated.one_curve import OneCurveEngine
+from teola_core.engines.protocol import Call, CallResult
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import Document, Scored
 from teola_core.profiles.profile import LatencyProfile
@@ -32,31 +32,21 @@ def relevance(query: str, text: str) -> float:
     return overlap + JITTER * stable_hash("rerank", query, text) / 2.0**64
 
 
-class SimReranker(Engine):
+class SimReranker(OneCurveEngine):
     """RERANK: (`query`, `docs`) -> `docs` as scored, sorted, cut to the node's `top_k`.
 
     A batch costs the profile's `rerank` latency at its total (query, document) pairs.
     Without `top_k` in the node's config every document is returned, ranked.
     """
 
+    kind = PrimitiveKind.RERANK
+    curve = "rerank"
+    items_port = "docs"
+
     def __init__(
         self, profile: LatencyProfile, *, time_scale: float = 1.0, name: str = "reranker", concurrency: int = 1
     ) -> None:
-        profile.curve("rerank")  # fail now, not on the first batch
-        self.name = name
-        self.kinds = frozenset({PrimitiveKind.RERANK})
-        self.profile = profile
-        self.limits = EngineLimits(concurrency=concurrency)
-        self.clock = SimClock(time_scale, concurrency)
-        self.stats = EngineStats()
-
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        items = sum(count_items(c.inputs.get("docs")) for c in calls)
-        seconds = self.profile.latency("rerank", items)
-        async with self.clock.slot():
-            await self.clock.spend(seconds)
-            self.stats.record(len(calls), items, seconds)
-        return [self._one(c) for c in calls]
+        super().__init__(profile, time_scale=time_scale, name=name, concurrency=concurrency)
 
     def _one(self, call: Call) -> CallResult:
         try:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from teola_adapters import _llm as llm_helpers
 from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text, stop_list
 from teola_adapters._optional import require
 from teola_adapters._profiles import ProfileSource, load_profile
@@ -129,9 +130,7 @@ class VLLMHTTPEngine(Engine):
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """The decode's text deltas as the server streams them."""
-        node = call.node
-        if node.kind not in DECODES:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {node.describe()}")
+        llm_helpers.check_streamable(call, self.name)
         params = self._completion_params(call)
         self.stats.decodes += 1
         sent_any = False
@@ -183,10 +182,7 @@ class VLLMHTTPEngine(Engine):
                 raise self._error(call, "prefix warm-up", exc) from exc
             return {"kv": KVHandle(self.name, prefix, tuple(ids[:held]))}
         if node.kind in PREFILLS:
-            prompt = prompt_text(call.inputs.get("prompt"), "prompt", self.name)
-            if node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
-                self._own(call.inputs["prefix_kv"], call)
-            return {"kv": KVHandle(self.name, prompt)}
+            return llm_helpers.server_cached_prefill(call, self.name)
         if node.kind in DECODES:
             params = self._completion_params(call)
             self.stats.decodes += 1

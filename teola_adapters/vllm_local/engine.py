@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from teola_adapters import _llm as llm_helpers
 from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text
 from teola_adapters._profiles import ProfileSource, load_profile
 from teola_adapters.vllm_local.dependency import import_vllm
@@ -107,9 +108,7 @@ class VLLMLocalEngine(Engine, KVPool):
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
         """The decode's text deltas as vLLM produces them (handed over from vLLM's loop)."""
-        node = call.node
-        if node.kind not in DECODES:
-            raise TypeError(f"{self.name} can only stream decode primitives, not {node.describe()}")
+        llm_helpers.check_streamable(call, self.name)
         request = self._decode_request(call, stream=True)
         self.stats.decodes += 1
         loop = asyncio.get_running_loop()
@@ -197,10 +196,7 @@ class VLLMLocalEngine(Engine, KVPool):
                 raise self._error(call, "prefix warm-up", exc) from exc
             return {"kv": KVHandle(self.name, prefix, held)}
         if node.kind in PREFILLS:
-            prompt = prompt_text(call.inputs.get("prompt"), "prompt", self.name)
-            if node.kind == PrimitiveKind.FULL_PREFILL and call.inputs.get("prefix_kv") is not None:
-                self._own(call.inputs["prefix_kv"], call)
-            return {"kv": KVHandle(self.name, prompt)}
+            return llm_helpers.server_cached_prefill(call, self.name)
         if node.kind in DECODES:
             request = self._decode_request(call, stream=False)
             self.stats.decodes += 1

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from teola_adapters.simulated.llm import SimLLM
 from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
@@ -29,8 +31,10 @@ from teola_benchmarks.agents.agent import AgentOutput, PlainBackend, TeolaBacken
 from teola_benchmarks.agents.trace import AgentJob, Shape, make_jobs, mean_context_tokens
 from teola_benchmarks.stats import percentile
 from teola_core.agents import AgentFeatures, AgentRuntime
-from teola_core.engines.protocol import EngineSet
+from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.profiles.profile import Curve, LatencyProfile
+
+T = TypeVar("T")
 
 POOL_FRACTION = 1 / 3
 # 80 GB - 16 GB of weights - ~4 GB of activations = 60 GiB of KV, at 128 KiB a token
@@ -123,6 +127,18 @@ def kv_pool_tokens(jobs: list[AgentJob], fraction: float = POOL_FRACTION) -> int
     return max(floor, int(live_context_tokens(jobs) * fraction)) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
+async def run_jobs_then_close(
+    jobs: list[AgentJob], one: Callable[[AgentJob], Awaitable[T]], agents: AgentRuntime | None, engine: Engine
+) -> list[T]:
+    """`one` of every job at once; then the agent runtime (if any) and the engine are closed, even on failure."""
+    try:
+        return await asyncio.gather(*(one(j) for j in jobs))
+    finally:
+        if agents is not None:
+            await agents.close()
+        await engine.close()
+
+
 async def run_system(system: str, jobs: list[AgentJob], pool_tokens: int, time_scale: float) -> AgentSystemResult:
     engine = SimLLM(AGENT_LLM, time_scale=time_scale, cache_tokens=pool_tokens, kv_pool=True)
     loop = asyncio.get_running_loop()
@@ -151,12 +167,7 @@ async def run_system(system: str, jobs: list[AgentJob], pool_tokens: int, time_s
         s = program.stats
         return now() - began, output, (s.tool_cache_hits, s.kv_holds, s.compactions_ahead)
 
-    try:
-        runs = await asyncio.gather(*(one(j) for j in jobs))
-    finally:
-        if agents is not None:
-            await agents.close()
-        await engine.close()
+    runs = await run_jobs_then_close(jobs, one, agents, engine)
     st = engine.stats
     return AgentSystemResult(
         jct_s=[r[0] for r in runs],

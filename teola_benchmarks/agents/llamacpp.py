@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from teola_adapters.llamacpp import LlamaCppEngine
 from teola_benchmarks.agents.agent import AgentOutput, Backend, PlainBackend, Summarize, TeolaBackend, run_agent
-from teola_benchmarks.agents.bench import AgentSystemResult, features_of
+from teola_benchmarks.agents.bench import AgentSystemResult, features_of, run_jobs_then_close
 from teola_benchmarks.agents.trace import AgentJob, Shape, ToolCall, make_jobs, mean_context_tokens
 from teola_core.agents import AgentRuntime
 from teola_core.engines.protocol import EngineSet
@@ -153,12 +153,7 @@ async def run_real_system(
         return time.monotonic() - began, output, counts
 
     started = time.monotonic()
-    try:
-        runs = await asyncio.gather(*(one(j) for j in jobs))
-    finally:
-        if agents is not None:
-            await agents.close()
-        await engine.close()
+    runs = await run_jobs_then_close(jobs, one, agents, engine)
     wall = time.monotonic() - started
     st = engine.stats
     prompt_tokens = sum(c.prompt_tokens for c in counters)

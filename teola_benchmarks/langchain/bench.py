@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import httpx
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.runnables import Runnable
 
@@ -29,6 +28,7 @@ import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import AnswerMismatch, FrameworkBenchResult, check_equal, server_figures
+from teola_benchmarks.framework_runs import Run, closed_loop, measure_systems
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
@@ -92,56 +92,21 @@ async def _measure(
     root_url: str,
     spellings: dict[str, Runnable[Any, Any]],
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
-    latencies: dict[str, list[float]] = {}
-    answers: dict[str, list[Any]] = {}
-    alone: dict[str, float] = {}
     systems: dict[str, Runnable[Any, Any]] = {
         "langchain": chain,
         "langchain_abatch": chain,
         **{f"langchain_{name}": spelled for name, spelled in spellings.items()},
         "teola": fast,
     }
-    runs: dict[str, Callable[[], Awaitable[tuple[list[float], list[Any]]]]] = {
+    runs: dict[str, Run] = {
         name: (
             (lambda r=runnable: _batches(r, inputs, concurrency))
             if name == "langchain_abatch"
-            else (lambda r=runnable: _closed_loop(r, inputs, concurrency))
+            else (lambda r=runnable: closed_loop(r.ainvoke, inputs, concurrency))
         )
         for name, runnable in systems.items()
     }
-    async with httpx.AsyncClient() as admin:
-
-        async def reset() -> None:
-            (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
-
-        for name, run in runs.items():
-            system = systems[name]
-            await system.ainvoke(warmup)  # connections, threads, the runtime: not timed
-            await reset()
-            began = time.perf_counter()
-            await system.ainvoke(warmup)  # again, alone, on a cold prefix cache: `alone_s`
-            alone[name] = time.perf_counter() - began
-            await reset()
-            latencies[name], answers[name] = await run()
-    return latencies, answers, alone
-
-
-async def _closed_loop(
-    runnable: Runnable[Any, Any], inputs: Sequence[Any], concurrency: int
-) -> tuple[list[float], list[Any]]:
-    """`concurrency` workers, each running the next query when its last one returned."""
-    latencies = [0.0] * len(inputs)
-    outputs: list[Any] = [None] * len(inputs)
-    pending = iter(range(len(inputs)))
-
-    async def worker() -> None:
-        for i in pending:
-            began = time.perf_counter()
-            outputs[i] = await runnable.ainvoke(inputs[i])
-            latencies[i] = time.perf_counter() - began
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
-    return latencies, outputs
+    return await measure_systems({name: (systems[name].ainvoke, run) for name, run in runs.items()}, warmup, root_url)
 
 
 async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: int) -> tuple[list[float], list[Any]]:

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
-
-import httpx
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
-from teola_benchmarks.langchain.bench import _closed_loop
+from teola_benchmarks.framework_runs import closed_loop, measure_systems
 
 SYSTEMS = ("langgraph", "teola")
 
@@ -85,20 +82,11 @@ def bench_langgraph(
 async def _measure(
     graph: Any, fast: Any, warmup: Any, inputs: Sequence[Any], concurrency: int, servers: SimServers
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
-    latencies: dict[str, list[float]] = {}
-    outputs: dict[str, list[Any]] = {}
-    alone: dict[str, float] = {}
-    async with httpx.AsyncClient() as admin:
-
-        async def reset() -> None:
-            (await admin.post(f"{servers.root_url}/reset_prefix_cache")).raise_for_status()
-
-        for name, system in (("langgraph", graph), ("teola", fast)):
-            await system.ainvoke(warmup)  # connections, threads, Teola's runtime: not timed
-            await reset()
-            began = time.perf_counter()
-            await system.ainvoke(warmup)
-            alone[name] = time.perf_counter() - began
-            await reset()
-            latencies[name], outputs[name] = await _closed_loop(system, inputs, concurrency)
-    return latencies, outputs, alone
+    return await measure_systems(
+        {
+            name: (system.ainvoke, lambda s=system: closed_loop(s.ainvoke, inputs, concurrency))
+            for name, system in (("langgraph", graph), ("teola", fast))
+        },
+        warmup,
+        servers.root_url,
+    )

@@ -12,16 +12,14 @@ is driven: `docs/benchmarks.md`. Needs fastapi, uvicorn and openai.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-
-import httpx
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal, server_figures
+from teola_benchmarks.framework_runs import closed_loop, measure_systems
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
 from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
@@ -87,38 +85,19 @@ def _ask_pipeline(pipeline: Any, question: str) -> Awaitable[Any]:
 async def _measure(
     systems: dict[str, Any], ask: Ask, warmup: str, inputs: Sequence[str], concurrency: int, root_url: str
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
-    latencies: dict[str, list[float]] = {}
-    answers: dict[str, list[Any]] = {}
-    alone: dict[str, float] = {}
-    async with httpx.AsyncClient() as admin:
-
-        async def reset() -> None:
-            (await admin.post(f"{root_url}/reset_prefix_cache")).raise_for_status()
-
-        for name, app in systems.items():
-            await ask(app, warmup)  # connections, threads, the runtime: not timed
-            await reset()
-            began = time.perf_counter()
-            await ask(app, warmup)  # again, alone, on a cold prefix cache: `alone_s`
-            alone[name] = time.perf_counter() - began
-            await reset()
-            latencies[name], answers[name] = await closed_loop(lambda q, a=app: ask(a, q), inputs, concurrency)
-    return latencies, answers, alone
+    return await measure_systems(
+        {
+            name: (
+                lambda q, a=app: ask(a, q),
+                lambda a=app: closed_loop(lambda q: _text(ask(a, q)), inputs, concurrency),
+            )
+            for name, app in systems.items()
+        },
+        warmup,
+        root_url,
+    )
 
 
-async def closed_loop(
-    run: Callable[[str], Awaitable[Any]], inputs: Sequence[str], concurrency: int
-) -> tuple[list[float], list[Any]]:
-    """`concurrency` workers, each running the next query when its last one returned."""
-    latencies = [0.0] * len(inputs)
-    outputs: list[Any] = [None] * len(inputs)
-    pending = iter(range(len(inputs)))
-
-    async def worker() -> None:
-        for i in pending:
-            began = time.perf_counter()
-            outputs[i] = str(await run(inputs[i]))
-            latencies[i] = time.perf_counter() - began
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
-    return latencies, outputs
+async def _text(answer: Awaitable[Any]) -> str:
+    """An app's answer as text (`str()` of a LlamaIndex response is its text): the answers compared."""
+    return str(await answer)

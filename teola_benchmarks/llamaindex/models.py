@@ -23,6 +23,12 @@ from openai import AsyncOpenAI, OpenAI
 from pydantic import PrivateAttr
 
 
+def _clients(base_url: str) -> tuple[OpenAI, AsyncOpenAI]:
+    """The sync and async clients of a simulated server: no key, no retries (a failure shows at once)."""
+    settings: dict[str, Any] = {"base_url": base_url, "api_key": "x", "max_retries": 0}
+    return OpenAI(**settings), AsyncOpenAI(**settings)
+
+
 class ServerLLM(CustomLLM):
     """A completion model on `base_url` (`/v1/completions`, temperature 0)."""
 
@@ -34,8 +40,7 @@ class ServerLLM(CustomLLM):
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
-        self._client = OpenAI(base_url=self.base_url, api_key="x", max_retries=0)
-        self._aclient = AsyncOpenAI(base_url=self.base_url, api_key="x", max_retries=0)
+        self._client, self._aclient = _clients(self.base_url)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -81,8 +86,7 @@ class ServerEmbedding(BaseEmbedding):
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
-        self._client = OpenAI(base_url=self.base_url, api_key="x", max_retries=0)
-        self._aclient = AsyncOpenAI(base_url=self.base_url, api_key="x", max_retries=0)
+        self._client, self._aclient = _clients(self.base_url)
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
         reply = self._client.embeddings.create(model=self.model, input=texts, encoding_format="float")

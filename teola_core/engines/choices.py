@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from teola_core.engines.protocol import Engine
+from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.ir.kinds import PrimitiveKind
 
 Chooser = Callable[[Any, Engine], Engine | None]
@@ -100,3 +100,19 @@ class EngineChoices:
                 "the app does not use them, or only inside a step Teola runs as one call, see "
                 "explain()): " + ", ".join(type(c).__name__ for c in unused)
             )
+
+
+class ComponentEngines:
+    """One engine per component object and role, named after its class; builds the `EngineSet`.
+
+    The framework adapters' registries subclass it with one method per kind of component,
+    so every adapter names and chooses engines the same way.
+    """
+
+    def __init__(self, choices: EngineChoices) -> None:
+        self.engines = EngineSet()
+        self.choices = choices
+
+    def _get(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
+        """The name of `component`'s engine in `role`: `make`'s, unless the `engines=` option chooses."""
+        return self.engines.engine_for(component, role, lambda name: self.choices.engine(component, role, make(name)))

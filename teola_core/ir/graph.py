@@ -12,12 +12,24 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
+from typing import TypeVar
 
 import networkx as nx
 
 from teola_core.ir.errors import GraphError
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import ControlEdge, DataEdge, Node
+
+_Edge = TypeVar("_Edge", DataEdge, ControlEdge)
+
+
+def _edges_by(edges: Iterable[_Edge], end: Callable[[_Edge], str]) -> dict[str, list[_Edge]]:
+    """The edges grouped by the node id at one `end` (`src` or `dst`): a graph's lookup tables."""
+    index: dict[str, list[_Edge]] = defaultdict(list)
+    for e in edges:
+        index[end(e)].append(e)
+    return index
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,31 +43,19 @@ class Graph:
     # -- indexes (computed once per immutable graph) --------------------------------
     @cached_property
     def _in_data(self) -> dict[str, list[DataEdge]]:
-        index: dict[str, list[DataEdge]] = defaultdict(list)
-        for e in self.data_edges:
-            index[e.dst].append(e)
-        return index
+        return _edges_by(self.data_edges, attrgetter("dst"))
 
     @cached_property
     def _out_data(self) -> dict[str, list[DataEdge]]:
-        index: dict[str, list[DataEdge]] = defaultdict(list)
-        for e in self.data_edges:
-            index[e.src].append(e)
-        return index
+        return _edges_by(self.data_edges, attrgetter("src"))
 
     @cached_property
     def _in_control(self) -> dict[str, list[ControlEdge]]:
-        index: dict[str, list[ControlEdge]] = defaultdict(list)
-        for e in self.control_edges:
-            index[e.dst].append(e)
-        return index
+        return _edges_by(self.control_edges, attrgetter("dst"))
 
     @cached_property
     def _out_control(self) -> dict[str, list[ControlEdge]]:
-        index: dict[str, list[ControlEdge]] = defaultdict(list)
-        for e in self.control_edges:
-            index[e.src].append(e)
-        return index
+        return _edges_by(self.control_edges, attrgetter("src"))
 
     def data_in(self, node_id: str) -> list[DataEdge]:
         return self._in_data.get(node_id, [])

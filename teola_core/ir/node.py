@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
 
 Port = PortSpec
 
@@ -106,6 +106,16 @@ class Node:
             and self.items == other.items
             and self.part == other.part
         )
+
+
+def kind_node(node_id: str, kind: PrimitiveKind, engine: str, config: Mapping[str, Any] | None = None) -> Node:
+    """A node with `kind`'s own ports and capabilities, to call an engine outside a graph (profiling, demos).
+
+    Only for kinds whose ports are fixed: an LLM decode's ports depend on what it parses.
+    """
+    spec = spec_of(kind)
+    assert spec.inputs is not None and spec.outputs is not None, f"{kind.value} has no fixed ports"
+    return Node(node_id, kind, spec.inputs, spec.outputs, engine=engine, config=config or {}, caps=spec.caps)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None: `asyncio.get_running_loop` without the raise."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class PerLoop(Generic[T]):
     """Objects by event loop, made on first use (see the module docstring)."""
 

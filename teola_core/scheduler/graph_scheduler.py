@@ -145,10 +145,7 @@ class GraphScheduler:
                 raise SchedulerError(f"graph scheduler cannot handle {type(event).__name__}")
         except _QueryEnded as ended:
             return actions + self._end(q, event.now, "query failed", ended.error)
-        if q.unsettled == 0:
-            del self._queries[q.query_id]
-            actions.append(QueryDone(query_id=q.query_id, outputs=q.result))
-        return actions
+        return self._done_if_settled(q, actions)
 
     def _submit(self, event: QuerySubmitted) -> list[GraphAction]:
         if event.query_id in self._queries:
@@ -167,6 +164,10 @@ class GraphScheduler:
             self._resolve(q, deque(plan.roots), event.now, actions)
         except _QueryEnded as ended:
             return actions + self._end(q, event.now, "query failed", ended.error)
+        return self._done_if_settled(q, actions)
+
+    def _done_if_settled(self, q: QueryState, actions: list[GraphAction]) -> list[GraphAction]:
+        """`actions`, ending in the query's `QueryDone` (its state dropped) once every node settled."""
         if q.unsettled == 0:
             del self._queries[q.query_id]
             actions.append(QueryDone(query_id=q.query_id, outputs=q.result))

@@ -38,6 +38,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
+from teola_core.runtime.per_loop import running_loop
 from teola_langchain.langgraph.admission import HeldCall, ModelAdmission
 
 CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
@@ -97,7 +98,7 @@ class RunGate(RunCalls):
 
     # -- holding -------------------------------------------------------------------------
     async def _enter(self, call: UUID, engine: str) -> None:
-        if _running_loop() is self.loop:
+        if running_loop() is self.loop:
             await self._hold(call, engine)
         else:  # a sync callback manager runs this on a loop of its own
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine), self.loop))
@@ -125,7 +126,7 @@ class RunGate(RunCalls):
             task.cancel()
 
     def _on_loop(self, fn: Any, *args: Any) -> None:
-        if _running_loop() is self.loop:
+        if running_loop() is self.loop:
             fn(*args)
         else:
             self.loop.call_soon_threadsafe(fn, *args)
@@ -152,13 +153,6 @@ def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, An
     if isinstance(ident, list) and ident:
         return "llm:" + ".".join(str(part) for part in ident)
     return "llm:" + (provider if isinstance(provider, str) else "model")
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def _admit_on_failure(task: asyncio.Task[None], held: HeldCall) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
-from teola_core.runtime.per_loop import PerLoop
+from teola_core.runtime.per_loop import PerLoop, running_loop
 from teola_langchain.langgraph.admission import ModelAdmission
 from teola_langchain.langgraph.gate import RunCalls, RunGate
 
@@ -64,11 +64,7 @@ class GraphRuns:
     def close(self, gate: RunCalls) -> None:
         """The run ended (returned, raised, or its stream was closed)."""
         if isinstance(gate, RunGate):
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is gate.loop:
+            if running_loop() is gate.loop:
                 gate.close()
             else:
                 gate.loop.call_soon_threadsafe(gate.close)

@@ -29,8 +29,8 @@ from teola_adapters.simulated.reranker import relevance
 from teola_adapters.simulated.servers.batcher import Batcher, Batching
 from teola_adapters.simulated.text import tokens_of
 from teola_core.engines.protocol import Call
-from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import Node
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
+from teola_core.ir.node import Node, kind_node
 from teola_core.ir.types import PortType
 
 
@@ -45,9 +45,7 @@ def _llm_node(kind: PrimitiveKind, max_tokens: int = 0) -> Node:
             config={"max_tokens": max_tokens},
             caps=Capabilities(batchable=True),
         )
-    spec = spec_of(kind)
-    assert spec.inputs is not None and spec.outputs is not None
-    return Node(kind.value, kind, spec.inputs, spec.outputs, engine="llm", caps=spec.caps)
+    return kind_node(kind.value, kind, "llm")
 
 
 class SimBackend:
