@@ -153,10 +153,10 @@ def add_bench_command(commands: Any) -> None:
         help="with --serve-overload: a soak at 1.5x capacity for this many minutes instead (not for CI)",
     )
     p.add_argument(
-        "--shared-cpus",
+        "--split-cpus",
         action="store_true",
-        help="with --serve-overload: the server and the load generator share every CPU (default: the server "
-        "gets CPU 0, the load generator the others, as when clients run elsewhere)",
+        help="with --serve-overload: the server on CPU 0 and the load generator on the others, as when clients "
+        "run elsewhere (default: both share every CPU)",
     )
     p.set_defaults(handler=bench_command)
 

@@ -4,11 +4,9 @@
     soak = run_soak(minutes=10)      # `--soak-minutes 10`: not for CI
 
 The server runs `teola_benchmarks.overload.app:chain` (a 50 ms model) in a process of its
-own, as `teola serve` with its defaults; the load comes from this process (aiohttp). On a
-machine with two or more CPUs the server gets CPU 0 and the load generator the others
-(`CpuSplit`), as when clients run elsewhere: sharing cores, every request the generator
-sends costs the server CPU too, which a real server's clients do not (`split_cpus=False`
-measures that case).
+own, as `teola serve` with its defaults; the load comes from this process (aiohttp), on
+the same CPUs, or with `split_cpus=True` the server on CPU 0 and the load generator on
+the others (`CpuSplit`), as when clients run elsewhere.
 
 1. capacity R: `clients` users closed-loop for `capacity_s` (after a short warm-up);
 2. overload: Poisson arrivals at `factor` x R for `overload_s`, each with a `deadline_s`
@@ -253,7 +251,7 @@ def run_overload(
     burst_n: int = 32,
     seed: int = 0,
     server_args: tuple[str, ...] = (),
-    split_cpus: bool = True,
+    split_cpus: bool = False,
 ) -> OverloadResult:
     cpus = CpuSplit.choose(split_cpus)
     with serving(server_args, cpus) as server:
@@ -332,7 +330,7 @@ async def _soak(server: Server, *, minutes: float, factor: float, clients: int, 
 
 
 def run_soak(
-    *, minutes: float = 10.0, factor: float = 1.5, clients: int = 32, seed: int = 0, split_cpus: bool = True
+    *, minutes: float = 10.0, factor: float = 1.5, clients: int = 32, seed: int = 0, split_cpus: bool = False
 ) -> SoakResult:
     cpus = CpuSplit.choose(split_cpus)
     with serving(cpus=cpus) as server:

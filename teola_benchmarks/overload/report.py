@@ -14,7 +14,7 @@ from teola_benchmarks.overload.bench import OverloadResult, SoakResult, run_over
 def run_from_args(args: argparse.Namespace) -> int:
     """Exit status 1 when a target was missed."""
     result: OverloadResult | SoakResult
-    split = not args.shared_cpus
+    split = args.split_cpus
     if args.soak_minutes:
         result = run_soak(minutes=args.soak_minutes, seed=args.seed, split_cpus=split)
     else:
