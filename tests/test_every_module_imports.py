@@ -9,16 +9,7 @@ import importlib.util
 import pkgutil
 
 import pytest
-
-PACKAGES = (
-    "teola",
-    "teola_core",
-    "teola_langchain",
-    "teola_llamaindex",
-    "teola_adapters",
-    "teola_benchmarks",
-    "teola_examples",
-)
+from project_packages import PACKAGES
 
 
 def _not_walked(name: str) -> None:

@@ -9,22 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from project_packages import PACKAGES
 
 from teola_adapters.llamacpp.probe import probe
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADING = ROOT / "teola_adapters" / "llamacpp" / "loading.py"
 # The project's own folders (a venv inside the clone holds llama-cpp-python's own sources).
-PROJECT = (
-    "teola",
-    "teola_core",
-    "teola_langchain",
-    "teola_llamaindex",
-    "teola_adapters",
-    "teola_benchmarks",
-    "teola_examples",
-)
-PROJECT += ("scripts", "tests")
+PROJECT = (*PACKAGES, "scripts", "tests")
 # What loads a model (or builds its params) in llama-cpp-python: only `loading` may call these.
 RAW_LOADS = re.compile(r"\bLlama\(|llama_model_load_from_file|llama_load_model_from_file|llama_model_default_params")
 needs_llama = pytest.mark.skipif(
