@@ -49,7 +49,8 @@ from teola_core.ir.node import DecodePart, Node  # noqa: E402
 from teola_core.ir.split_units import Lines  # noqa: E402
 from teola_core.ir.types import PortType  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
-from teola_core.runtime.ray_pool import RayEnginePool, _Pinned  # noqa: E402
+from teola_core.runtime.ray_kv_pins import PinnedToken  # noqa: E402
+from teola_core.runtime.ray_pool import RayEnginePool  # noqa: E402
 
 pytestmark = pytest.mark.skipif(model_missing() is not None, reason=model_missing() or "")
 
@@ -158,7 +159,7 @@ def test_streamed_partial_decode_through_the_actor_delivers_items_early(pool: Ra
     timed_items, ended, text, kv = run(main())
     first = timed_items[0][0] if timed_items else float("nan")
     print(f"\n[ray stream] {len(timed_items)} items; first item at {first:.3f}s, call ended at {ended:.3f}s")
-    assert isinstance(kv.token, _Pinned) and kv.token.slot == 0  # the handle names the actor holding the prompt
+    assert isinstance(kv.token, PinnedToken) and kv.token.slot == 0  # the handle names the actor holding the prompt
     assert len(timed_items) >= 3, text
     assert [item for _, item in timed_items] == Lines().parse(text)
     assert sum(1 for t, _ in timed_items if t < ended) >= 2  # several items before the call ended
