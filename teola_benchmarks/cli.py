@@ -30,7 +30,13 @@ def add_bench_command(commands: Any) -> None:
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="advanced_rag", help="the paper's workload to run")
-    p.add_argument("--rate", type=positive_float, default=0.5, help="Poisson arrival rate, queries per second")
+    p.add_argument(
+        "--rate",
+        type=positive_float,
+        default=None,
+        help="Poisson arrival rate, queries per second (default 0.5); --langgraph: runs arrive at this "
+        "rate (per simulated second) instead of a closed loop of --concurrency",
+    )
     p.add_argument("--rates", type=str, default=None, help="comma-separated rates for a sweep (with --plot)")
     p.add_argument(
         "--queries", type=bounded_int(1), default=None, help="queries per system (default 40; 16 with --langchain)"
@@ -176,6 +182,8 @@ def bench_command(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
     if args.agents:
         return run_agents_bench(args)
+    if args.langgraph and args.rate is not None and args.concurrency is not None:
+        raise SystemExit("teola bench: --langgraph takes --rate (open loop) or --concurrency (closed loop), not both")
     args.concurrency = 4 if args.concurrency is None else args.concurrency
     if args.langchain:
         return run_langchain_bench(args)

@@ -102,6 +102,12 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise SystemExit("teola bench: --max-num-seqs must be >= 1")
     with working(f"{args.langgraph}: LangGraph vs teola.optimize on simulated servers"):
-        result = bench_langgraph(args.langgraph, max_num_seqs=args.max_num_seqs, **_app_options(args, time_scale))
+        result = bench_langgraph(
+            args.langgraph,
+            max_num_seqs=args.max_num_seqs,
+            rate=args.rate,
+            seed=args.seed,
+            **_app_options(args, time_scale),
+        )
     bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
     return _report_app(args, result, f"{result.example} (LangGraph{bound})")

@@ -52,7 +52,7 @@ def run_workload_bench(args: argparse.Namespace) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"teola bench: unknown system(s) {unknown}; known: {sorted(SYSTEMS)}")
-    rates = _numbers(args.rates, "--rates", positive_float) if args.rates else [args.rate]
+    rates = _numbers(args.rates, "--rates", positive_float) if args.rates else [0.5 if args.rate is None else args.rate]
     seeds = _numbers(args.seeds, "--seeds", bounded_int(0)) if args.seeds else [args.seed]
     what = f"{args.workload}, {args.queries} queries a system, {clock} clock"
     runs = len(rates) * len(seeds)

@@ -2,11 +2,12 @@
 
 One set of simulated servers (`teola_adapters.simulated.servers.SimServers`), one
 compiled graph, the same inputs for both systems, run one after the other, each as a
-closed loop of `concurrency` workers (`langgraph`: `graph.ainvoke`; `teola`:
-`teola.optimize(graph, **options).ainvoke`). Before each system a warm-up run (untimed),
-then the same run alone on an emptied prefix cache (`alone_s`); the cache is emptied
-again before the measured runs. Both systems' answers (`module.answer(output)`) must be
-equal (else `AnswerMismatch`).
+closed loop of `concurrency` workers, or with `rate` an open loop of Poisson arrivals
+(`rate` runs per simulated second, the sequence set by `seed`, the same for both)
+(`langgraph`: `graph.ainvoke`; `teola`: `teola.optimize(graph, **options).ainvoke`).
+Before each system a warm-up run (untimed), then the same run alone on an emptied prefix
+cache (`alone_s`); the cache is emptied again before the measured runs. Both systems'
+answers (`module.answer(output)`) must be equal (else `AnswerMismatch`).
 
 `max_num_seqs` gives the LLM server vLLM's bound on running requests (the others queue,
 first come first served); Teola is then told the same bound (`model_concurrency`), as a
@@ -25,7 +26,8 @@ import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
-from teola_benchmarks.framework_runs import closed_loop, measure_systems
+from teola_benchmarks.framework_runs import closed_loop, measure_systems, open_loop
+from teola_benchmarks.harness import arrival_times
 
 SYSTEMS = ("langgraph", "teola")
 
@@ -44,11 +46,15 @@ def bench_langgraph(
     time_scale: float = 0.5,
     batching: Batching = "dynamic",
     max_num_seqs: int | None = None,
+    rate: float | None = None,
+    seed: int = 0,
     options: dict[str, Any] | None = None,
 ) -> FrameworkBenchResult:
     """Run both systems on one example against one set of servers (see the module docstring)."""
     if queries < 1 or concurrency < 1:
         raise ValueError("queries and concurrency must be >= 1")
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate must be > 0 runs per second, got {rate}")
     module = example_module(example)
     from teola_examples.common import corpus, openai_models
 
@@ -63,7 +69,10 @@ def bench_langgraph(
         graph = module.build_graph(llm, embeddings, corpus=corpus())
         fast = teola.optimize(graph, **options)
         try:
-            latencies, outputs, alone = asyncio.run(_measure(graph, fast, inputs[0], inputs[1:], concurrency, servers))
+            arrivals = None if rate is None else [t * time_scale for t in arrival_times(rate, queries, seed)]
+            latencies, outputs, alone = asyncio.run(
+                _measure(graph, fast, inputs[0], inputs[1:], concurrency, arrivals, servers)
+            )
         finally:
             fast.close()
     answers = {name: [module.answer(o) for o in outs] for name, outs in outputs.items()}
@@ -74,17 +83,27 @@ def bench_langgraph(
         "llm_steps": b.llm.stats.steps,
         "alone_s": alone,
         "max_num_seqs": max_num_seqs,
+        "arrivals": "closed loop" if rate is None else {"poisson_rate": rate, "seed": seed},
         "teola_options": {k: v for k, v in options.items() if isinstance(v, int | float | str | bool)},
     }
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 
 async def _measure(
-    graph: Any, fast: Any, warmup: Any, inputs: Sequence[Any], concurrency: int, servers: SimServers
+    graph: Any,
+    fast: Any,
+    warmup: Any,
+    inputs: Sequence[Any],
+    concurrency: int,
+    arrivals: Sequence[float] | None,
+    servers: SimServers,
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
+    def run(ask: Any) -> Any:
+        return closed_loop(ask, inputs, concurrency) if arrivals is None else open_loop(ask, inputs, arrivals)
+
     return await measure_systems(
         {
-            name: (system.ainvoke, lambda s=system: closed_loop(s.ainvoke, inputs, concurrency))
+            name: (system.ainvoke, lambda s=system: run(s.ainvoke))
             for name, system in (("langgraph", graph), ("teola", fast))
         },
         warmup,

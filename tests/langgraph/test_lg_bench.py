@@ -27,6 +27,16 @@ def test_langgraph_bench_json_shape(example: str, capsys: pytest.CaptureFixture[
     assert set(out["server"]["alone_s"]) == set(SYSTEMS)
 
 
+def test_langgraph_bench_open_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--langgraph", "rag", "--json", "--queries", "3", "--rate", "50", "--seed", "2"]
+    assert main([*argv, "--time-scale", "0.01", "--max-num-seqs", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["server"]["arrivals"] == {"poisson_rate": 50.0, "seed": 2}
+    assert set(out["systems"]) == set(SYSTEMS)
+    with pytest.raises(SystemExit, match=r"--rate \(open loop\) or --concurrency"):
+        main(["bench", "--langgraph", "rag", "--rate", "1", "--concurrency", "2"])
+
+
 def test_max_num_seqs_is_checked() -> None:
     with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph"):
         main(["bench", "--langchain", "naive_rag", "--max-num-seqs", "2"])
