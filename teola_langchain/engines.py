@@ -81,7 +81,8 @@ class LangChainLLMEngine(OpaqueModelEngine):
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None:
-            await self.warmer.warm(self.model, self._step(call).runnable, call.inputs["prefix"])
+            # Returns once the warm-up is sent, not answered: the model's request queues behind it.
+            await self.warmer.start(self.model, self._step(call).runnable, call.inputs["prefix"])
         return await super().run_call(call)
 
     async def generate(self, call: Call, prompt: Any) -> Any:

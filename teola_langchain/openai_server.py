@@ -5,7 +5,8 @@ OpenAI-compatible server. When that server is vLLM, the prefill split Teola plan
 the model becomes real: a PARTIAL_PREFILL renders the ready start of the prompt exactly
 as the model will send it, tokenizes it on the server, and sends the whole KV blocks of
 those token ids as a `max_tokens=1` completion (`VLLMHTTPEngine.warm`). When the model's
-own request arrives, vLLM finds those blocks in its automatic prefix cache.
+own request arrives, vLLM finds those blocks in its automatic prefix cache. The request
+goes once the warm-up is sent, not answered (`PrefixWarmer.start`).
 
 - Chat models: the prefix's messages go through the model's own request builder
   (`_get_request_payload`, so roles and content are what the model sends) and the
@@ -41,7 +42,7 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -110,6 +111,7 @@ class PrefixWarmer:
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._memo = memo
         self._failures_in_a_row = 0
+        self._sending: set[asyncio.Task[int]] = set()  # warm-ups on their way (kept from collection)
         # Sync and async queries of one optimized chain run on different threads' loops.
         self._lock = threading.Lock()
         self.stats = WarmupStats()
@@ -139,21 +141,33 @@ class PrefixWarmer:
 
         Returns the tokens sent (0: nothing sent). Never raises: a warm-up is an optimization.
         """
+        sending = await self.start(model, runnable, prefix)
+        return 0 if sending is None else await sending
+
+    async def start(self, model: BaseLanguageModel[Any], runnable: Any, prefix: Any) -> asyncio.Task[int] | None:
+        """Tokenize `prefix` and send its warm-up; return once the request is on its way.
+
+        The task ends with the tokens sent when the server has prefilled them (None: nothing
+        to send). The model's own request need not wait for that: sent after the warm-up, it
+        queues behind it and finds its blocks cached when the server admits it, whereas
+        waiting for the warm-up's answer would put its last step and a round trip on the
+        query's critical path. Never raises: a warm-up is an optimization.
+        """
         if self.stats.disabled is not None or not isinstance(prefix, PromptPrefix):
-            return 0
+            return None
         try:
             rendered = render(model, runnable, prefix)
         except Exception as exc:  # the model's request builder refused: nothing to warm
             log.debug("teola: no warm-up for %s: %s", type(model).__name__, exc)
             rendered = None
         if rendered is None:
-            return 0
+            return None
         key = rendered.key()
         with self._lock:
             if key in self._recent:
                 self._recent.move_to_end(key)
                 self.stats.repeats += 1
-                return 0
+                return None
         try:
             server = await self._server()
             if rendered.messages is not None:
@@ -165,6 +179,17 @@ class PrefixWarmer:
             else:
                 assert rendered.text is not None
                 ids = await server.tokenize(rendered.text)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+        sending = asyncio.get_running_loop().create_task(self._send(server, ids, key))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+        await asyncio.sleep(0)  # the request goes out before the caller's own request can
+        return sending
+
+    async def _send(self, server: Any, ids: Sequence[int], key: str) -> int:
+        try:
             sent = await server.warm(ids)
         except Exception as exc:
             self._failed(exc)
@@ -179,7 +204,7 @@ class PrefixWarmer:
                 self.stats.warm_tokens += sent
             else:
                 self.stats.short += 1
-        return sent
+        return int(sent)
 
     async def _server(self) -> Any:
         if self._given is not None:

@@ -195,3 +195,36 @@ def test_failing_warm_ups_fail_alone_and_stop_after_three(servers) -> None:
     stats = llm_engine(fast, "llm:ChatOpenAI").warmer.stats
     assert stats.failures == 3 and stats.warmups == 0
     assert stats.disabled is not None and "3 warm-ups failed in a row" in stats.disabled
+
+
+def test_a_warm_up_is_sent_not_waited_for(servers) -> None:
+    """`start` returns once the warm-up is on its way: the model's own request, sent next,
+    queues behind it at the server instead of waiting for its answer."""
+    from langchain_core.messages import SystemMessage
+
+    from teola_adapters.vllm_http import VLLMHTTPEngine
+    from teola_langchain.openai_server import PrefixWarmer
+    from teola_langchain.prompts import PromptPrefix
+
+    class HeldWarmUps(VLLMHTTPEngine):
+        """The real engine, whose warm-ups go out only when the test says so."""
+
+        release: asyncio.Event
+
+        async def warm(self, ids: Any) -> int:
+            await self.release.wait()
+            return await super().warm(ids)
+
+    async def run() -> None:
+        server = HeldWarmUps(servers.root_url, "sim-7b")
+        server.release = asyncio.Event()
+        warmer = PrefixWarmer(server)
+        llm = ChatOpenAI(base_url=servers.base_url, api_key="x", model="sim-7b", max_tokens=8)
+        prefix = PromptPrefix(messages=(SystemMessage(SYSTEM),), open_role="human", open_text="Question: ")
+        sending = await warmer.start(llm, llm, prefix)
+        assert sending is not None and not sending.done() and warmer.stats.warmups == 0
+        server.release.set()
+        assert await sending > 0 and warmer.stats.warmups == 1
+        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 1  # warmed just now
+
+    asyncio.run(run())
