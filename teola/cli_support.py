@@ -29,6 +29,14 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def add_command(commands: Any, name: str, help: str, doc: str | None) -> argparse.ArgumentParser:
+    """A `teola` subcommand: its description is the first paragraph of `doc` (its module's
+    docstring), each option's help ends with its default (`DefaultsFormatter`)."""
+    return commands.add_parser(
+        name, help=help, description=doc.split("\n\n")[0] if doc else None, formatter_class=DefaultsFormatter
+    )
+
+
 class UsageError(Exception):
     """Bad input to a command: printed as one line with a hint, exit status 2 (no traceback)."""
 

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from teola.cli_support import DefaultsFormatter, bounded_int, working
+from teola.cli_support import add_command, bounded_int, working
 from teola_core.engines.protocol import Engine
 
 E = TypeVar("E", bound=Engine)
@@ -27,12 +27,7 @@ ENGINES = ("llamacpp", "embeddings", "rerank", "pgvector", "vllm")
 
 
 def add_profile_command(commands: Any) -> None:
-    p = commands.add_parser(
-        "profile",
-        help="measure a real engine's latency profile on this machine",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=DefaultsFormatter,
-    )
+    p = add_command(commands, "profile", "measure a real engine's latency profile on this machine", __doc__)
     p.add_argument("engine", choices=ENGINES, help="the engine to measure")
     p.add_argument("--out", type=Path, default=None, help="where to write it (default: teola-profiles/ENGINE.json)")
     p.add_argument("--repeats", type=bounded_int(1), default=3, help="measurements per point (the median is kept)")

@@ -18,9 +18,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 
 from teola_core.ir.builder import Value
-from teola_core.ir.kinds import Capabilities, MergeMode, PortSpec, PrimitiveKind
+from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.prompt import PromptPlan
-from teola_core.ir.types import PortType
 from teola_core.passes.estimates import LATENCY_KEY
 from teola_langchain import steps
 from teola_langchain.context import StepRef
@@ -80,27 +79,21 @@ class StepNodes(GraphWriter):
             label=label,
             config=config,
         )
-        outputs = [PortSpec("text", PortType.TEXT)]
-        caps = None
         decode_config = {
             **config,
             "max_tokens": max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS,
             LATENCY_KEY: key,
         }
         if unit is not None:
-            outputs.append(PortSpec("items", PortType.ITEMS))
-            caps = Capabilities(True, True, (), "items", MergeMode.CONCAT)
             decode_config.update(split_unit=unit[0], expected_items=unit[1])
-        decode = self.b.add(
-            PrimitiveKind.DECODE,
-            {"kv": Value(prefill.id, "kv")},
+        decode = self.b.decode(
+            prefill,
             engine=engine,
             name=f"{label}.decode",
             label=label,
             config=decode_config,
-            output_ports=tuple(outputs),
+            splittable=unit is not None,
             items=None if unit is None else unit[1],
-            caps=caps,
         )
         if unit is not None:
             return Value(decode.id, "text"), Value(decode.id, "items")

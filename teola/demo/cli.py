@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from teola.cli_support import DefaultsFormatter, bounded_int, fail, progress_columns
+from teola.cli_support import add_command, bounded_int, fail, progress_columns
 
 _NEEDS = (
     ("langchain_core", "langchain"),
@@ -33,11 +33,8 @@ _NEEDS = (
 
 def add_demo_command(commands: Any) -> None:
     """Register `teola demo` on the `teola` command's subparsers."""
-    parser = commands.add_parser(
-        "demo",
-        help="multi-query RAG on the embedded engines, plain LangChain vs teola.optimize",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=DefaultsFormatter,
+    parser = add_command(
+        commands, "demo", "multi-query RAG on the embedded engines, plain LangChain vs teola.optimize", __doc__
     )
     parser.add_argument(
         "--questions", type=bounded_int(1, 8), default=4, help="questions asked at once (1-8) of the bundled eight"

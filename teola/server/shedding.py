@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -23,24 +24,16 @@ from teola.server.metrics import ServerMetrics
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
+@dataclass(eq=False)
 class ShedWhenFull:
     """ASGI middleware (see the module docstring)."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        gates: Mapping[str, Gate],
-        metrics: ServerMetrics,
-        retry_after_s: int,
-        lag: LoopLag,
-        max_lag_s: float,
-    ) -> None:
-        self.app = app
-        self.gates = gates
-        self.metrics = metrics
-        self.retry_after_s = retry_after_s
-        self.lag = lag
-        self.max_lag_s = max_lag_s
+    app: ASGIApp
+    gates: Mapping[str, Gate]
+    metrics: ServerMetrics
+    retry_after_s: int
+    lag: LoopLag
+    max_lag_s: float
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gates = self.gates

@@ -207,26 +207,51 @@ class GraphBuilder:
         prefill = self.add(
             PrimitiveKind.PREFILL, {"prompt": prompt}, engine=engine, name=f"{name}.prefill", config=sampling
         )
-        outputs = [PortSpec("text", PortType.TEXT)]
-        caps = spec_of(PrimitiveKind.DECODE).caps
         config: dict[str, Any] = {"max_tokens": max_tokens, **sampling}
         if split_unit is not None:
-            outputs.append(PortSpec("items", PortType.ITEMS))
-            caps = Capabilities(True, True, (), "items", MergeMode.CONCAT)
             config["split_unit"] = split_unit
             if expected_items is not None:
                 config["expected_items"] = expected_items
-        decode = self.add(
-            PrimitiveKind.DECODE,
-            {"kv": Value(prefill.id, "kv")},
+        decode = self.decode(
+            prefill,
             engine=engine,
             name=f"{name}.decode",
             config=config,
-            output_ports=outputs,
+            splittable=split_unit is not None,
             items=expected_items,
-            caps=caps,
         )
         return LLMOutput(Value(decode.id, "text"), Value(decode.id, "items") if split_unit else None)
+
+    def decode(
+        self,
+        prefill: Node,
+        *,
+        engine: str,
+        name: str,
+        config: Mapping[str, Any],
+        splittable: bool = False,
+        items: int | None = None,
+        label: str | None = None,
+    ) -> Node:
+        """The DECODE of `prefill`'s KV, outputting `text`. A `splittable` one also outputs
+        its parsed `items` and may be split into stages (decode pipelining): every front
+        end that plans decode pipelining declares it the same way."""
+        outputs = [PortSpec("text", PortType.TEXT)]
+        caps = None  # the kind's own
+        if splittable:
+            outputs.append(PortSpec("items", PortType.ITEMS))
+            caps = Capabilities(True, True, (), "items", MergeMode.CONCAT)
+        return self.add(
+            PrimitiveKind.DECODE,
+            {"kv": Value(prefill.id, "kv")},
+            engine=engine,
+            name=name,
+            label=label,
+            config=config,
+            output_ports=outputs,
+            items=items,
+            caps=caps,
+        )
 
     # -- inline and user primitives --------------------------------------------------
     def format(self, template: PromptTemplate | str, **variables: Value) -> Value:
