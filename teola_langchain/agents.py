@@ -41,10 +41,11 @@ from teola_langchain.agent_engine import AgentModelEngine
 from teola_langchain.agent_graph import agent_tools, find_middleware, tool_names
 from teola_langchain.agent_middleware import TeolaMiddleware
 from teola_langchain.agent_run import AgentRun, run_in
+from teola_langchain.same_structure import SameStructure
 from teola_langchain.summarization import find_summarization, install_hooks
 
 
-class OptimizedAgent(AgentDropIn, Runnable[Any, Any]):
+class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
     """A LangChain agent whose model and tool calls run on Teola (see the module docstring).
 
     Options:
@@ -86,22 +87,8 @@ class OptimizedAgent(AgentDropIn, Runnable[Any, Any]):
 
     # -- structure ---------------------------------------------------------------------
     @property
-    def InputType(self) -> Any:
-        return self.agent.InputType
-
-    @property
-    def OutputType(self) -> Any:
-        return self.agent.OutputType
-
-    def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.agent.get_input_schema(config)
-
-    def get_output_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.agent.get_output_schema(config)
-
-    @property
-    def config_specs(self) -> Any:
-        return self.agent.config_specs
+    def _wrapped(self) -> Any:
+        return self.agent
 
     def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         return self.agent.get_graph(config, **kwargs)
