@@ -55,8 +55,9 @@ from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
+from teola_langchain.configure_hooks import holding
 from teola_langchain.engines import EngineChoices
-from teola_langchain.langgraph.gate import CURRENT_GATE, RunCalls
+from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
 from teola_langchain.runnable import TeolaRunnable
@@ -78,7 +79,7 @@ class OptimizedGraph:
         chunks = super().stream(*args, **kwargs)  # type: ignore[misc]
         try:
             while True:
-                with _in_run(gate):
+                with holding(CURRENT_GATE, gate):
                     try:
                         chunk = next(chunks)
                     except StopIteration:
@@ -86,7 +87,7 @@ class OptimizedGraph:
                 yield chunk
         finally:
             try:
-                with _in_run(gate):
+                with holding(CURRENT_GATE, gate):
                     chunks.close()
             finally:
                 runs.close(gate)
@@ -102,7 +103,7 @@ class OptimizedGraph:
         chunks = super().astream(*args, **kwargs).__aiter__()  # type: ignore[misc]
         try:
             while True:
-                with _in_run(gate):
+                with holding(CURRENT_GATE, gate):
                     try:
                         chunk = await chunks.__anext__()
                     except StopAsyncIteration:
@@ -110,7 +111,7 @@ class OptimizedGraph:
                 yield chunk
         finally:
             try:
-                with _in_run(gate):
+                with holding(CURRENT_GATE, gate):
                     await chunks.aclose()
             finally:
                 runs.close(gate)
@@ -177,16 +178,6 @@ class OptimizedGraph:
         out.append(section("mermaid (the graph as LangGraph draws it)", original.get_graph().draw_mermaid()))
         out.extend(timeline_sections(runs.recent.spans(), png_dir))
         return "\n".join(out)
-
-
-@contextlib.contextmanager
-def _in_run(gate: RunCalls) -> Iterator[None]:
-    """`gate` is the current run's while LangGraph works on it (a step of the stream, its closing)."""
-    token = CURRENT_GATE.set(gate)
-    try:
-        yield
-    finally:
-        CURRENT_GATE.reset(token)
 
 
 def _node_plan(kind: str, chain: TeolaRunnable[Any, Any] | None) -> str:
