@@ -29,27 +29,23 @@ import asyncio
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Literal
 
 from langchain.agents.middleware import SummarizationMiddleware
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import var_child_runnable_config
 
-from teola_core.agents import AgentFeatures, AgentRuntime, Program
-from teola_core.agents.explain import AgentRecord, agent_sections
-from teola_core.engines.protocol import EngineSet
+from teola_core.agents import AgentDropIn, AgentFeatures, Program
 from teola_core.runtime.loop_thread import LoopThread
-from teola_core.runtime.per_loop import PerLoop
-from teola_core.runtime.timeline import RecentSpans
 from teola_langchain.agent_engine import AgentModelEngine
 from teola_langchain.agent_graph import agent_tools, find_middleware, tool_names
 from teola_langchain.agent_middleware import TeolaMiddleware
 from teola_langchain.agent_run import AgentRun, run_in
+from teola_langchain.same_structure import SameStructure
 from teola_langchain.summarization import find_summarization, install_hooks
 
 
-class OptimizedAgent(Runnable[Any, Any]):
+class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
     """A LangChain agent whose model and tool calls run on Teola (see the module docstring).
 
     Options:
@@ -73,48 +69,26 @@ class OptimizedAgent(Runnable[Any, Any]):
         model_concurrency: int = 64,
         on_program: Callable[[Program], None] | None = None,
     ) -> None:
-        if priority_rule not in ("fcfs", "plas"):
-            raise ValueError(f"unknown priority rule {priority_rule!r} (known: fcfs, plas)")
-        self.agent = agent
         self.name = agent.get_name()
+        super().__init__(self.name, features, priority_rule)
+        self.agent = agent
         self.middleware = find_middleware(agent)
         self.idempotent_tools = _tool_versions(idempotent_tools, tool_names(agent))
         self.direct_tools = frozenset(name for name, t in agent_tools(agent).items() if t.return_direct)
         self.summarization = find_summarization(agent)
         if self.summarization is not None:
             install_hooks(self.summarization, _summary_run)
-        self.features = features or AgentFeatures()
-        self.priority_rule = priority_rule
         self.on_program = on_program
         self.engine_name = f"llm:{self.name}"
-        self.engines = EngineSet().add(AgentModelEngine(self.engine_name, model_concurrency))
-        self._runtimes: PerLoop[AgentRuntime] = PerLoop()
-        self.record = AgentRecord()
-        self.recent = RecentSpans()
-        recent = self.recent  # not self: the setup is kept by the PerLoop, which self holds
-        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(recent))
+        self.engines.add(AgentModelEngine(self.engine_name, model_concurrency))
         self._thread = LoopThread(f"teola-agent:{self.name}")
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._finalizer = weakref.finalize(self, self._thread.close)
 
     # -- structure ---------------------------------------------------------------------
     @property
-    def InputType(self) -> Any:
-        return self.agent.InputType
-
-    @property
-    def OutputType(self) -> Any:
-        return self.agent.OutputType
-
-    def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.agent.get_input_schema(config)
-
-    def get_output_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.agent.get_output_schema(config)
-
-    @property
-    def config_specs(self) -> Any:
-        return self.agent.config_specs
+    def _wrapped(self) -> Any:
+        return self.agent
 
     def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         return self.agent.get_graph(config, **kwargs)
@@ -125,36 +99,12 @@ class OptimizedAgent(Runnable[Any, Any]):
             raise AttributeError(name)
         return getattr(self.agent, name)
 
-    def runtime_for_current_loop(self) -> AgentRuntime:
-        """The agent runtime serving runs on the running event loop (made on first use)."""
-        return self._runtimes.current(self._new_runtime)
-
-    def _new_runtime(self) -> AgentRuntime:
-        return AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
-
-    def agent_runtimes(self) -> list[AgentRuntime]:
-        """The agent runtimes of the loops this agent has run on (its own sync loop included)."""
-        return self._runtimes.values()
-
     def close(self) -> None:
         """Close the sync methods' agent runtime and stop their loop thread (both restart if used again)."""
         if self._sync_loop is not None:
-            self._thread.run(self._aclose_here())
+            self._thread.run(self._close_current_runtime())
             self._sync_loop = None
         self._thread.close()
-
-    async def _aclose_here(self) -> None:
-        runtime = self._runtimes.pop_current()
-        if runtime is not None:
-            await runtime.close()
-
-    def explain(self, png_dir: str | Path | None = None) -> str:
-        """What the agent runtime does, the runs so far, the last run's graph (Mermaid; PNG
-        with `png_dir`) and what recent runs did per engine (timeline PNG with `png_dir`)."""
-        sections = agent_sections(
-            self.name, self.features, self.priority_rule, self.engines, self.record, self.recent.spans(), png_dir
-        )
-        return "\n".join(sections)
 
     # -- runs --------------------------------------------------------------------------
     def _open(self, *, sync: bool = False) -> AgentRun:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +45,7 @@ from teola_core.passes.estimates import RUN
 from teola_core.profiles.learning import LatencyBook
 from teola_core.runtime.base import PrimitiveSpan
 from teola_langchain import keys
+from teola_langchain.configure_hooks import holding
 
 _OBSERVER: ContextVar[Observer | None] = ContextVar("teola_langchain_observer", default=None)
 
@@ -216,14 +217,9 @@ class AsyncObserver(Observer):
         Observer.on_llm_error(self, error, **kwargs)
 
 
-@contextmanager
-def observing(observer: Observer) -> Iterator[None]:
+def observing(observer: Observer) -> AbstractContextManager[None]:
     """Runs started inside (and in contexts copied from inside) report to `observer`."""
-    token = _OBSERVER.set(observer)
-    try:
-        yield
-    finally:
-        _OBSERVER.reset(token)
+    return holding(_OBSERVER, observer)
 
 
 _ENGINE_OPS = frozenset({PrimitiveKind.EMBED, PrimitiveKind.SEARCH, PrimitiveKind.RERANK, PrimitiveKind.INGEST})

@@ -54,11 +54,12 @@ from teola_langchain.learning import SpanLearner
 from teola_langchain.patched import runs_own_code
 from teola_langchain.plans import Plan, Planner
 from teola_langchain.replanning import LEARN_AFTER, Replanner
+from teola_langchain.same_structure import SameStructure
 from teola_langchain.steps import run_graph
 from teola_langchain.traced import TracedChain
 
 
-class TeolaRunnable(DropInBase, Runnable[Input, Output]):
+class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
     """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
 
     Options:
@@ -170,22 +171,8 @@ class TeolaRunnable(DropInBase, Runnable[Input, Output]):
 
     # -- structure -------------------------------------------------------------------
     @property
-    def InputType(self) -> Any:
-        return self.original.InputType
-
-    @property
-    def OutputType(self) -> Any:
-        return self.original.OutputType
-
-    def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.original.get_input_schema(config)
-
-    def get_output_schema(self, config: RunnableConfig | None = None) -> Any:
-        return self.original.get_output_schema(config)
-
-    @property
-    def config_specs(self) -> Any:
-        return self.original.config_specs
+    def _wrapped(self) -> Runnable[Input, Output]:
+        return self.original
 
     def get_name(self, suffix: str | None = None, *, name: str | None = None) -> str:
         return self.original.get_name(suffix, name=name)

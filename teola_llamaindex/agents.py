@@ -20,7 +20,6 @@ import itertools
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from llama_index.core.agent.workflow import AgentOutput, BaseWorkflowAgent
@@ -29,14 +28,10 @@ from llama_index.core.memory import BaseMemory
 from llama_index.core.tools import AsyncBaseTool, ToolOutput
 from llama_index.core.workflow import Context, StopEvent
 
-from teola_core.agents import AgentFeatures, AgentRuntime, Program
-from teola_core.agents.explain import AgentRecord, agent_sections
+from teola_core.agents import AgentDropIn, AgentFeatures, AgentRuntime, Program
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call, EngineSet
+from teola_core.engines.protocol import Call
 from teola_core.ir.errors import PrimitiveError
-from teola_core.runtime.base import RuntimeHook
-from teola_core.runtime.per_loop import PerLoop
-from teola_core.runtime.timeline import RecentSpans
 from teola_llamaindex.common import unwrap_error
 
 DEFAULT_MAX_TOKENS = 256
@@ -120,7 +115,7 @@ def _hooked_copy(agent: BaseWorkflowAgent, wrapper: TeolaAgent) -> BaseWorkflowA
     return clone
 
 
-class TeolaAgent:
+class TeolaAgent(AgentDropIn):
     """`run(...)` of a LlamaIndex agent with its model and tool calls on Teola's agent runtime.
 
     idempotent_tools: tool name -> version of the tools whose results may be shared
@@ -143,13 +138,9 @@ class TeolaAgent:
         for name, version in idempotent.items():
             if not isinstance(name, str) or not isinstance(version, str):
                 raise TypeError(f"idempotent_tools maps tool names to version strings, got {name!r}: {version!r}")
-        if priority_rule not in ("fcfs", "plas"):
-            raise ValueError(f"unknown priority rule {priority_rule!r} (known: fcfs, plas)")
+        super().__init__(agent.name, features, priority_rule)
         self.original = agent
         self.idempotent_tools = idempotent
-        self.features = features or AgentFeatures()
-        self.priority_rule: Literal["fcfs", "plas"] = priority_rule
-        self.engines = EngineSet()
         self.engine = self.engines.engine_for(agent.llm, "llm", AgentModelEngine)
         num_output = agent.llm.metadata.num_output
         self.max_tokens = num_output if num_output > 0 else DEFAULT_MAX_TOKENS
@@ -158,11 +149,6 @@ class TeolaAgent:
             "teola_agent_program", default=None
         )
         self._programs: weakref.WeakKeyDictionary[Any, Program] = weakref.WeakKeyDictionary()
-        self._runtimes: PerLoop[AgentRuntime] = PerLoop()
-        self.record = AgentRecord()
-        self.recent = RecentSpans()
-        recent = self.recent  # not self: the setup is kept by the PerLoop, which self holds
-        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(recent))
         self._runs = itertools.count()
 
     # -- the call surface ------------------------------------------------------------
@@ -186,20 +172,6 @@ class TeolaAgent:
         program.finish()
         self.record.add(program)
 
-    def explain(self, png_dir: str | Path | None = None) -> str:
-        """What the agent runtime does, the runs so far, the last run's graph (Mermaid; PNG
-        with `png_dir`) and what recent runs did per engine (timeline PNG with `png_dir`)."""
-        sections = agent_sections(
-            self.original.name,
-            self.features,
-            self.priority_rule,
-            self.engines,
-            self.record,
-            self.recent.spans(),
-            png_dir,
-        )
-        return "\n".join(sections)
-
     def program_of(self, handler: Any) -> Program:
         """The `Program` of the run `handler` belongs to (its steps and stats)."""
         try:
@@ -209,20 +181,11 @@ class TeolaAgent:
 
     def runtime(self) -> AgentRuntime:
         """The agent runtime of the running event loop (made on first use)."""
-        return self._runtimes.current(self._new_runtime)
-
-    def _new_runtime(self) -> AgentRuntime:
-        return AgentRuntime(self.engines, features=self.features, priority_rule=self.priority_rule)
-
-    def add_hook(self, hook: RuntimeHook) -> None:
-        """Observe every primitive (model call) of every run, on every loop's runtime."""
-        self._runtimes.apply_to_all(lambda runtime: runtime.runtime.add_hook(hook))
+        return self.runtime_for_current_loop()
 
     async def aclose(self) -> None:
         """Close the running loop's agent runtime (its runs' programs end)."""
-        runtime = self._runtimes.pop_current()
-        if runtime is not None:
-            await runtime.close()
+        await self._close_current_runtime()
 
     def __getattr__(self, name: str) -> Any:
         if name == "agent":  # not set yet: __init__ failed before it

@@ -55,7 +55,7 @@ from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
-from teola_core.runtime.timeline import RecentSpans
+from teola_langchain.configure_hooks import holding
 from teola_langchain.engines import EngineChoices
 from teola_langchain.langgraph.gate import CURRENT_GATE
 from teola_langchain.langgraph.runs import GraphRuns
@@ -69,7 +69,6 @@ class OptimizedGraph:
     _teola: GraphRuns
     _teola_original: Pregel
     _teola_chains: dict[str, TeolaRunnable[Any, Any]]  # nodes whose chain runs through teola.optimize
-    _teola_recent: RecentSpans  # the model calls' spans, for explain()
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         if CURRENT_GATE.get() is not None:  # part of a run already open here
@@ -80,20 +79,17 @@ class OptimizedGraph:
         chunks = super().stream(*args, **kwargs)  # type: ignore[misc]
         try:
             while True:
-                token = CURRENT_GATE.set(gate)
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return
-                finally:
-                    CURRENT_GATE.reset(token)
+                with holding(CURRENT_GATE, gate):
+                    try:
+                        chunk = next(chunks)
+                    except StopIteration:
+                        return
                 yield chunk
         finally:
-            token = CURRENT_GATE.set(gate)
             try:
-                chunks.close()
+                with holding(CURRENT_GATE, gate):
+                    chunks.close()
             finally:
-                CURRENT_GATE.reset(token)
                 runs.close(gate)
 
     async def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -107,20 +103,17 @@ class OptimizedGraph:
         chunks = super().astream(*args, **kwargs).__aiter__()  # type: ignore[misc]
         try:
             while True:
-                token = CURRENT_GATE.set(gate)
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    return
-                finally:
-                    CURRENT_GATE.reset(token)
+                with holding(CURRENT_GATE, gate):
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        return
                 yield chunk
         finally:
-            token = CURRENT_GATE.set(gate)
             try:
-                await chunks.aclose()
+                with holding(CURRENT_GATE, gate):
+                    await chunks.aclose()
             finally:
-                CURRENT_GATE.reset(token)
                 runs.close(gate)
 
     def copy(self, update: dict[str, Any] | None = None) -> Any:
@@ -129,7 +122,6 @@ class OptimizedGraph:
         copied._teola = self._teola
         copied._teola_original = self._teola_original
         copied._teola_chains = self._teola_chains
-        copied._teola_recent = self._teola_recent
         return copied
 
     @property
@@ -184,7 +176,7 @@ class OptimizedGraph:
         advice = _advice(original, self._teola_chains, runs.concurrency)
         out.append(section("advice", "\n".join(f"- {a}" for a in advice) or "- none"))
         out.append(section("mermaid (the graph as LangGraph draws it)", original.get_graph().draw_mermaid()))
-        out.extend(timeline_sections(self._teola_recent.spans(), png_dir))
+        out.extend(timeline_sections(runs.recent.spans(), png_dir))
         return "\n".join(out)
 
 
@@ -265,8 +257,7 @@ def optimize_graph(
     cls = optimized_class(type(original))
     fast = cls.__new__(cls)
     fast.__dict__.update(original.__dict__)
-    fast._teola_recent = RecentSpans()
-    fast._teola = GraphRuns(original.get_name(), model_concurrency, (*hooks, fast._teola_recent))
+    fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
     fast._teola_original = original
     fast._teola_chains = {}
     if runnable_nodes:

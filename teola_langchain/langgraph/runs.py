@@ -22,19 +22,25 @@ from collections.abc import Sequence
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_core.runtime.per_loop import PerLoop, running_loop
+from teola_core.runtime.timeline import RecentSpans
 from teola_langchain.langgraph.admission import ModelAdmission
 from teola_langchain.langgraph.gate import RunCalls, RunGate
 
 
 class GraphRuns:
-    """Admissions per event loop, run ranks and counters of one optimized graph."""
+    """Admissions per event loop, run ranks and counters of one optimized graph.
+
+    hooks: runtime hooks of every loop's admission; `recent`, the last model calls' spans
+    for `explain()`, is one more.
+    """
 
     def __init__(self, name: str, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
         self.name = name
         self.concurrency = concurrency
-        self.hooks = tuple(hooks)
+        self.recent = RecentSpans()
+        self.hooks = (*hooks, self.recent)
         self.runs = 0  # runs started
         self.calls_on_graph = 0  # runs in which Teola admitted at least one model call
         self.model_calls = 0  # model calls admitted by Teola
