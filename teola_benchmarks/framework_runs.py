@@ -66,3 +66,15 @@ async def closed_loop(ask: Ask, inputs: Sequence[Any], concurrency: int) -> tupl
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
     return latencies, outputs
+
+
+def alternating_rounds(runs: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each run's wall time in each of `rounds` rounds, the runs taking turns within a round
+    so that every system sees the same machine state (zero-latency overhead measures)."""
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - began)
+    return seconds

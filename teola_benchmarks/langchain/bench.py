@@ -27,8 +27,14 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
-from teola_benchmarks.framework_result import AnswerMismatch, FrameworkBenchResult, check_equal, server_figures
-from teola_benchmarks.framework_runs import Run, closed_loop, measure_systems
+from teola_benchmarks.framework_result import (
+    AnswerMismatch,
+    FrameworkBenchResult,
+    TeolaVsLangChain,
+    check_equal,
+    server_figures,
+)
+from teola_benchmarks.framework_runs import Run, alternating_rounds, closed_loop, measure_systems
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
@@ -122,17 +128,12 @@ async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: in
 
 
 @dataclass(frozen=True)
-class LangChainOverhead:
+class LangChainOverhead(TeolaVsLangChain):
     example: str
     queries: int
     rounds: int
     langchain_s: float  # mean seconds per invoke
     teola_s: float
-
-    @property
-    def ratio(self) -> float:
-        """Teola's time per invoke over LangChain's (<= 1.2 is the target)."""
-        return self.teola_s / self.langchain_s
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -159,14 +160,16 @@ def overhead_langchain(example: str, *, queries: int = 20, rounds: int = 5) -> L
         for x in inputs[:2]:  # warm-up: first-call costs (thread start, imports) are not per-call overhead
             if chain.invoke(x) != fast.invoke(x):
                 raise AnswerMismatch(f"{example}: teola and langchain differ on {x!r}")
-        totals = {"langchain": 0.0, "teola": 0.0}
-        for _ in range(rounds):
-            for name, runnable in (("langchain", chain), ("teola", fast)):
-                began = time.perf_counter()
-                for x in inputs:
-                    runnable.invoke(x)
-                totals[name] += time.perf_counter() - began
+        seconds = alternating_rounds(
+            {"langchain": lambda: _invoke_each(chain, inputs), "teola": lambda: _invoke_each(fast, inputs)}, rounds
+        )
     finally:
         fast.close()
     n = queries * rounds
-    return LangChainOverhead(example, queries, rounds, totals["langchain"] / n, totals["teola"] / n)
+    return LangChainOverhead(example, queries, rounds, sum(seconds["langchain"]) / n, sum(seconds["teola"]) / n)
+
+
+def _invoke_each(runnable: Runnable[Any, Any], inputs: Sequence[Any]) -> None:
+    """One sequential `invoke` per input (the outputs are checked in the warm-up, not here)."""
+    for x in inputs:
+        runnable.invoke(x)
