@@ -25,6 +25,12 @@ Run = Callable[[], Awaitable[tuple[list[float], list[Any]]]]
 """A system's measured run: each query's latency and output, in input order."""
 
 
+def check_sizes(queries: int, concurrency: int) -> None:
+    """Refuse a run of no queries or no workers before any server starts."""
+    if queries < 1 or concurrency < 1:
+        raise ValueError("queries and concurrency must be >= 1")
+
+
 async def measure_systems(
     systems: Mapping[str, tuple[Ask, Run]], warmup: Any, root_url: str
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:

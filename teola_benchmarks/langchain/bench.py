@@ -14,7 +14,6 @@ mode: `overhead_langchain` on zero-latency fakes. How each system is driven and 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
+from teola_benchmarks.app_names import import_example
 from teola_benchmarks.framework_result import (
     AnswerMismatch,
     FrameworkBenchResult,
@@ -34,23 +34,14 @@ from teola_benchmarks.framework_result import (
     check_equal,
     server_figures,
 )
-from teola_benchmarks.framework_runs import Run, alternating_rounds, closed_loop, measure_systems
+from teola_benchmarks.framework_runs import Run, alternating_rounds, check_sizes, closed_loop, measure_systems
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
 
 
 def example_module(name: str) -> ModuleType:
-    if name not in EXAMPLES:
-        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
-    try:
-        return importlib.import_module(f"teola_examples.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.startswith("teola"):
-            raise
-        raise ModuleNotFoundError(
-            f"example {name!r} imports {exc.name!r}: install the package that provides it"
-        ) from exc
+    return import_example(name, EXAMPLES)
 
 
 def bench_langchain(
@@ -63,8 +54,7 @@ def bench_langchain(
     options: dict[str, Any] | None = None,
 ) -> FrameworkBenchResult:
     """Run the three systems on one example against one set of servers (see the module docstring)."""
-    if queries < 1 or concurrency < 1:
-        raise ValueError("queries and concurrency must be >= 1")
+    check_sizes(queries, concurrency)
     module = example_module(example)
     from teola_examples.common import HTTPReranker, corpus, openai_models
 

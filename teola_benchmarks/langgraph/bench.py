@@ -16,24 +16,17 @@ user would set it to their server's. Without it the server runs every request at
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
+from teola_benchmarks.app_names import import_example
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
-from teola_benchmarks.framework_runs import closed_loop, measure_systems
+from teola_benchmarks.framework_runs import check_sizes, closed_loop, measure_systems
 
 SYSTEMS = ("langgraph", "teola")
-
-
-def example_module(name: str) -> ModuleType:
-    if name not in EXAMPLES:
-        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
-    return importlib.import_module(f"teola_examples.langgraph_{name}")
 
 
 def bench_langgraph(
@@ -47,9 +40,8 @@ def bench_langgraph(
     options: dict[str, Any] | None = None,
 ) -> FrameworkBenchResult:
     """Run both systems on one example against one set of servers (see the module docstring)."""
-    if queries < 1 or concurrency < 1:
-        raise ValueError("queries and concurrency must be >= 1")
-    module = example_module(example)
+    check_sizes(queries, concurrency)
+    module = import_example(example, EXAMPLES, "langgraph_")
     from teola_examples.common import corpus, openai_models
 
     inputs = module.inputs(queries + 1)
