@@ -41,6 +41,7 @@ SYSTEMS = ("langchain", "langchain_abatch", "teola")
 
 
 def example_module(name: str) -> ModuleType:
+    """The `--langchain` example `name` (`teola_examples.<name>`)."""
     return import_example(name, EXAMPLES)
 
 
