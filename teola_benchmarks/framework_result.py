@@ -68,6 +68,18 @@ class FrameworkBenchResult:
         return table
 
 
+class TeolaVsLangChain:
+    """Seconds per call of the same calls, plain LangChain (`langchain_s`) and through Teola (`teola_s`)."""
+
+    langchain_s: float
+    teola_s: float
+
+    @property
+    def ratio(self) -> float:
+        """Teola's time per call over LangChain's (<= 1.2 is the target)."""
+        return self.teola_s / self.langchain_s
+
+
 class AnswerMismatch(AssertionError):
     """A system's answer differs from the framework's own for the same input."""
 

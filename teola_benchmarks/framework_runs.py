@@ -26,6 +26,12 @@ Run = Callable[[], Awaitable[tuple[list[float], list[Any]]]]
 """A system's measured run: each query's latency and output, in input order."""
 
 
+def check_sizes(queries: int, concurrency: int) -> None:
+    """Refuse a run of no queries or no workers before any server starts."""
+    if queries < 1 or concurrency < 1:
+        raise ValueError("queries and concurrency must be >= 1")
+
+
 async def measure_systems(
     systems: Mapping[str, tuple[Ask, Run]], warmup: Any, root_url: str
 ) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
@@ -87,3 +93,15 @@ async def open_loop(ask: Ask, inputs: Sequence[Any], arrivals: Sequence[float]) 
 
     await asyncio.gather(*(one(i) for i in range(len(inputs))))
     return latencies, outputs
+
+
+def alternating_rounds(runs: Mapping[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each run's wall time in each of `rounds` rounds, the runs taking turns within a round
+    so that every system sees the same machine state (zero-latency overhead measures)."""
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - began)
+    return seconds

@@ -14,7 +14,6 @@ mode: `overhead_langchain` on zero-latency fakes. How each system is driven and 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,24 +26,23 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES as EXAMPLES
-from teola_benchmarks.framework_result import AnswerMismatch, FrameworkBenchResult, check_equal, server_figures
-from teola_benchmarks.framework_runs import Run, closed_loop, measure_systems
+from teola_benchmarks.app_names import import_example
+from teola_benchmarks.framework_result import (
+    AnswerMismatch,
+    FrameworkBenchResult,
+    TeolaVsLangChain,
+    check_equal,
+    server_figures,
+)
+from teola_benchmarks.framework_runs import Run, alternating_rounds, check_sizes, closed_loop, measure_systems
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
 
 
 def example_module(name: str) -> ModuleType:
-    if name not in EXAMPLES:
-        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
-    try:
-        return importlib.import_module(f"teola_examples.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.startswith("teola"):
-            raise
-        raise ModuleNotFoundError(
-            f"example {name!r} imports {exc.name!r}: install the package that provides it"
-        ) from exc
+    """The `--langchain` example `name` (`teola_examples.<name>`)."""
+    return import_example(name, EXAMPLES)
 
 
 def bench_langchain(
@@ -57,8 +55,7 @@ def bench_langchain(
     options: dict[str, Any] | None = None,
 ) -> FrameworkBenchResult:
     """Run the three systems on one example against one set of servers (see the module docstring)."""
-    if queries < 1 or concurrency < 1:
-        raise ValueError("queries and concurrency must be >= 1")
+    check_sizes(queries, concurrency)
     module = example_module(example)
     from teola_examples.common import HTTPReranker, corpus, openai_models
 
@@ -122,17 +119,12 @@ async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: in
 
 
 @dataclass(frozen=True)
-class LangChainOverhead:
+class LangChainOverhead(TeolaVsLangChain):
     example: str
     queries: int
     rounds: int
     langchain_s: float  # mean seconds per invoke
     teola_s: float
-
-    @property
-    def ratio(self) -> float:
-        """Teola's time per invoke over LangChain's (<= 1.2 is the target)."""
-        return self.teola_s / self.langchain_s
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -159,14 +151,16 @@ def overhead_langchain(example: str, *, queries: int = 20, rounds: int = 5) -> L
         for x in inputs[:2]:  # warm-up: first-call costs (thread start, imports) are not per-call overhead
             if chain.invoke(x) != fast.invoke(x):
                 raise AnswerMismatch(f"{example}: teola and langchain differ on {x!r}")
-        totals = {"langchain": 0.0, "teola": 0.0}
-        for _ in range(rounds):
-            for name, runnable in (("langchain", chain), ("teola", fast)):
-                began = time.perf_counter()
-                for x in inputs:
-                    runnable.invoke(x)
-                totals[name] += time.perf_counter() - began
+        seconds = alternating_rounds(
+            {"langchain": lambda: _invoke_each(chain, inputs), "teola": lambda: _invoke_each(fast, inputs)}, rounds
+        )
     finally:
         fast.close()
     n = queries * rounds
-    return LangChainOverhead(example, queries, rounds, totals["langchain"] / n, totals["teola"] / n)
+    return LangChainOverhead(example, queries, rounds, sum(seconds["langchain"]) / n, sum(seconds["teola"]) / n)
+
+
+def _invoke_each(runnable: Runnable[Any, Any], inputs: Sequence[Any]) -> None:
+    """One sequential `invoke` per input (the outputs are checked in the warm-up, not here)."""
+    for x in inputs:
+        runnable.invoke(x)

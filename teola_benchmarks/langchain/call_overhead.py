@@ -15,13 +15,13 @@ LangChain's.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import teola
-from teola_benchmarks.framework_result import AnswerMismatch
+from teola_benchmarks.framework_result import AnswerMismatch, TeolaVsLangChain
+from teola_benchmarks.framework_runs import alternating_rounds
 
 METHODS = ("invoke", "ainvoke", "batch", "abatch")
 BATCH = 4  # inputs per batch/abatch call
@@ -52,17 +52,13 @@ CHAINS: dict[str, tuple[Callable[[], Any], Callable[[int], Any]]] = {
 
 
 @dataclass(frozen=True)
-class CallOverhead:
+class CallOverhead(TeolaVsLangChain):
     """Seconds per call of one chain and method (fastest round), plain and optimized."""
 
     chain: str
     method: str
     langchain_s: float
     teola_s: float
-
-    @property
-    def ratio(self) -> float:
-        return self.teola_s / self.langchain_s
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,14 +116,9 @@ def measure_call_overhead(calls: int = 200, rounds: int = 7) -> CallOverheadTabl
                 plain_run, teola_run = _call(chain, method, inputs), _call(fast, method, inputs)
                 if plain_run() != teola_run():  # also the warm-up: threads, imports, the first plan
                     raise AnswerMismatch(f"{name}.{method}: teola and langchain differ")
-                best = {"langchain": float("inf"), "teola": float("inf")}
-                for _ in range(rounds):
-                    for system, run in (("langchain", plain_run), ("teola", teola_run)):
-                        began = time.perf_counter()
-                        run()
-                        best[system] = min(best[system], time.perf_counter() - began)
+                seconds = alternating_rounds({"langchain": plain_run, "teola": teola_run}, rounds)
                 n = _calls_made(method, inputs)
-                rows.append(CallOverhead(name, method, best["langchain"] / n, best["teola"] / n))
+                rows.append(CallOverhead(name, method, min(seconds["langchain"]) / n, min(seconds["teola"]) / n))
         finally:
             fast.close()
     return CallOverheadTable(calls, rounds, tuple(rows))

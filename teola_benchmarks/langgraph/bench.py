@@ -17,25 +17,18 @@ user would set it to their server's. Without it the server runs every request at
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
+from teola_benchmarks.app_names import import_example
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
-from teola_benchmarks.framework_runs import closed_loop, measure_systems, open_loop
+from teola_benchmarks.framework_runs import check_sizes, closed_loop, measure_systems, open_loop
 from teola_benchmarks.harness import arrival_times
 
 SYSTEMS = ("langgraph", "teola")
-
-
-def example_module(name: str) -> ModuleType:
-    if name not in EXAMPLES:
-        raise ValueError(f"unknown example {name!r} (known: {', '.join(EXAMPLES)})")
-    return importlib.import_module(f"teola_examples.langgraph_{name}")
 
 
 def bench_langgraph(
@@ -51,11 +44,10 @@ def bench_langgraph(
     options: dict[str, Any] | None = None,
 ) -> FrameworkBenchResult:
     """Run both systems on one example against one set of servers (see the module docstring)."""
-    if queries < 1 or concurrency < 1:
-        raise ValueError("queries and concurrency must be >= 1")
+    check_sizes(queries, concurrency)
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be > 0 runs per second, got {rate}")
-    module = example_module(example)
+    module = import_example(example, EXAMPLES, "langgraph_")
     from teola_examples.common import corpus, openai_models
 
     inputs = module.inputs(queries + 1)

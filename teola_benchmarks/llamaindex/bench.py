@@ -19,7 +19,7 @@ import teola
 from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal, server_figures
-from teola_benchmarks.framework_runs import closed_loop, measure_systems
+from teola_benchmarks.framework_runs import check_sizes, closed_loop, measure_systems
 from teola_benchmarks.llamaindex.data import build_index, questions
 from teola_benchmarks.llamaindex.models import ServerEmbedding, ServerLLM
 from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
@@ -41,8 +41,7 @@ def bench_llamaindex(
     """Run both systems on one example against one set of servers (see the module docstring)."""
     if example not in LLAMAINDEX_EXAMPLES:
         raise ValueError(f"unknown example {example!r} (known: {', '.join(LLAMAINDEX_EXAMPLES)})")
-    if queries < 1 or concurrency < 1:
-        raise ValueError("queries and concurrency must be >= 1")
+    check_sizes(queries, concurrency)
     inputs = questions(queries + 1)
     warmup, measured = inputs[0], inputs[1:]
     with SimServers(time_scale=time_scale, batching=batching) as servers:
