@@ -21,8 +21,9 @@ What it never changes is the model's call: decode still calls the model (`ainvok
 `astream`), so the answer is LangChain's own, and a warm-up only decides what the server
 has cached. A warm-up that fails is logged and skipped; a server without `/tokenize`
 (HTTP 404/405/501), or one whose warm-ups fail three times in a row, is not asked again.
-A prefix warmed among the last `memo` warm-ups (the same rendered request) is not sent
-again: the full request that followed it refreshed those blocks in the server's LRU.
+A prefix warmed among the last `memo` warm-ups (the same rendered request), or on its way,
+is not sent again: the full request that followed it refreshed those blocks in the
+server's LRU.
 
 Why only partial prefills warm: a whole-prompt PREFILL is followed at once by its decode,
 which is one request that prefills the prompt itself; warming first would put a round
@@ -182,6 +183,13 @@ class PrefixWarmer:
         except Exception as exc:
             self._failed(exc)
             return None
+        with self._lock:  # remembered from now on: the same prefix in flight is not sent twice
+            if key in self._recent:
+                self.stats.repeats += 1
+                return None
+            self._recent[key] = None
+            if len(self._recent) > self._memo:
+                self._recent.popitem(last=False)
         sending = asyncio.get_running_loop().create_task(self._send(server, ids, key))
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
@@ -192,13 +200,12 @@ class PrefixWarmer:
         try:
             sent = await server.warm(ids)
         except Exception as exc:
+            with self._lock:
+                self._recent.pop(key, None)  # not warm after all: a later query may try again
             self._failed(exc)
             return 0
         with self._lock:
             self._failures_in_a_row = 0
-            self._recent[key] = None
-            if len(self._recent) > self._memo:
-                self._recent.popitem(last=False)
             if sent:
                 self.stats.warmups += 1
                 self.stats.warm_tokens += sent

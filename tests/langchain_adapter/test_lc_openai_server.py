@@ -223,8 +223,9 @@ def test_a_warm_up_is_sent_not_waited_for(servers) -> None:
         prefix = PromptPrefix(messages=(SystemMessage(SYSTEM),), open_role="human", open_text="Question: ")
         sending = await warmer.start(llm, llm, prefix)
         assert sending is not None and not sending.done() and warmer.stats.warmups == 0
+        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 1  # on its way: not twice
         server.release.set()
         assert await sending > 0 and warmer.stats.warmups == 1
-        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 1  # warmed just now
+        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 2  # warmed just now
 
     asyncio.run(run())
