@@ -48,6 +48,20 @@ async def cache_hits() -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits"))
 
 
+def model_args() -> dict[str, Any]:
+    """The test models' settings, with an async HTTP client of their own: langchain-openai
+    shares one across models by default, whose connections belong to the event loop that
+    opened them, so a later test's `asyncio.run` would fail on them, plain or optimized alike."""
+    return {
+        "base_url": f"{URL}/v1",
+        "api_key": "x",
+        "model": MODEL,
+        "temperature": 0,
+        "max_tokens": 12,
+        "http_async_client": httpx.AsyncClient(),
+    }
+
+
 def two_calls(first: Any, second: Any, answer_prompt: Any) -> Any:
     """The notes come from a first model call, so the question's prompt prefix is ready earlier."""
     notes = PromptTemplate.from_template("Write one short note about {question}") | first | StrOutputParser()
@@ -58,13 +72,13 @@ def two_calls(first: Any, second: Any, answer_prompt: Any) -> Any:
 def test_the_warmed_prefix_is_reused_by_the_models_own_request(kind: str) -> None:
     nonce = uuid.uuid4().hex  # a prefix new to the server: hits can only come from this run's warm-up
     if kind == "chat":
-        llm = ChatOpenAI(base_url=f"{URL}/v1", api_key="x", model=MODEL, temperature=0, max_tokens=12)
+        llm = ChatOpenAI(**model_args())
         prompt: Any = ChatPromptTemplate.from_messages(
             [("system", f"[{nonce}] {INSTRUCTIONS}"), ("human", "Question: {question}\nNotes: {notes}")]
         )
         engine = "llm:ChatOpenAI"
     else:
-        llm = OpenAI(base_url=f"{URL}/v1", api_key="x", model=MODEL, temperature=0, max_tokens=12)
+        llm = OpenAI(**model_args())
         prompt = PromptTemplate.from_template(f"[{nonce}] {INSTRUCTIONS}\nQuestion: {{question}}\nNotes: {{notes}}\n")
         engine = "llm:OpenAI"
     chain = two_calls(llm, llm, prompt)
@@ -94,7 +108,7 @@ def test_with_no_profiles_the_plan_learns_to_warm_and_keeps_the_answers() -> Non
     """Issue 18 on a real server: nothing given; the first calls run as LangChain runs them and
     time the notes' model call; from then on the question's prompt start is warmed."""
     nonce = uuid.uuid4().hex
-    llm = ChatOpenAI(base_url=f"{URL}/v1", api_key="x", model=MODEL, temperature=0, max_tokens=12)
+    llm = ChatOpenAI(**model_args())
     prompt = ChatPromptTemplate.from_messages(
         [("system", f"[{nonce}] {INSTRUCTIONS}"), ("human", "Question: {question}\nNotes: {notes}")]
     )
