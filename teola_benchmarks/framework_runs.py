@@ -3,7 +3,7 @@
 Every system runs in turn against the same simulated servers: a warm-up query (untimed),
 the same query again alone on an emptied prefix cache (`alone_s`), then its measured run
 on an emptied cache: a closed loop of `concurrency` workers, or an open loop whose
-queries arrive at given times whatever the system's pace (a Poisson sequence).
+queries arrive at given times whatever the system's pace (`harness.open_loop`).
 
     latencies, outputs, alone = await measure_systems(
         {"plain": (app.ainvoke, lambda: closed_loop(app.ainvoke, inputs, 4))}, inputs[0], servers.root_url
@@ -72,26 +72,6 @@ async def closed_loop(ask: Ask, inputs: Sequence[Any], concurrency: int) -> tupl
             latencies[i] = time.perf_counter() - began
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(inputs)))))
-    return latencies, outputs
-
-
-async def open_loop(ask: Ask, inputs: Sequence[Any], arrivals: Sequence[float]) -> tuple[list[float], list[Any]]:
-    """Query `i` starts `arrivals[i]` seconds after the first, whether or not earlier ones
-    returned (users do not wait for each other); its latency counts from its arrival."""
-    if len(arrivals) != len(inputs):
-        raise ValueError(f"{len(inputs)} inputs but {len(arrivals)} arrival times")
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    latencies = [0.0] * len(inputs)
-    outputs: list[Any] = [None] * len(inputs)
-
-    async def one(i: int) -> None:
-        await asyncio.sleep(max(0.0, start + arrivals[i] - loop.time()))
-        began = loop.time()  # the loop's clock: real, or virtual in tests
-        outputs[i] = await ask(inputs[i])
-        latencies[i] = loop.time() - began
-
-    await asyncio.gather(*(one(i) for i in range(len(inputs))))
     return latencies, outputs
 
 

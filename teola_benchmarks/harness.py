@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 from itertools import pairwise
@@ -141,6 +141,28 @@ def arrival_times(rate: float, n: int, seed: int) -> list[float]:
     return times
 
 
+async def open_loop(
+    ask: Callable[[Any], Awaitable[Any]], inputs: Sequence[Any], arrivals: Sequence[float]
+) -> tuple[list[float], list[Any]]:
+    """Query `i` starts `arrivals[i]` seconds after the first, whether or not earlier ones
+    returned (users do not wait for each other); its latency counts from its arrival."""
+    if len(arrivals) != len(inputs):
+        raise ValueError(f"{len(inputs)} inputs but {len(arrivals)} arrival times")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    latencies = [0.0] * len(inputs)
+    outputs: list[Any] = [None] * len(inputs)
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(max(0.0, start + arrivals[i] - loop.time()))
+        began = loop.time()  # the loop's clock: real, or virtual
+        outputs[i] = await ask(inputs[i])
+        latencies[i] = loop.time() - began
+
+    await asyncio.gather(*(one(i) for i in range(len(inputs))))
+    return latencies, outputs
+
+
 def lindley_waits(arrivals: Sequence[float], work: float) -> list[float]:
     """Each arrival's wait in a first-come-first-served queue of `work` seconds per job."""
     waits, free = [], 0.0
@@ -203,23 +225,18 @@ async def run_system(
     manager = PassManager(system.pass_list())
     ctx = PassContext(profiles=engines.profiles())
     template = workload.template(time_scale)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
 
-    async def one(i: int, at: float) -> tuple[float, dict[str, object]]:
-        await asyncio.sleep(max(0.0, start + at * time_scale - loop.time()))
-        began = loop.time()
+    async def ask(i: int) -> dict[str, object]:
         query = workload.make_query(i)
         graph = manager.optimize(template.instantiate(query), ctx).e_graph
-        outputs = await runtime.run(graph, query, query_id=f"q{i}")
-        return (loop.time() - began) / time_scale, outputs
+        return await runtime.run(graph, query, query_id=f"q{i}")
 
     try:
-        results = await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
+        latencies, outputs = await open_loop(ask, range(len(arrivals)), [at * time_scale for at in arrivals])
     finally:
         await runtime.close()
         await engines.close()
-    return SystemResult([r[0] for r in results], [r[1] for r in results])
+    return SystemResult([s / time_scale for s in latencies], outputs)
 
 
 async def critical_path(

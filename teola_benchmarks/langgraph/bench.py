@@ -25,8 +25,8 @@ from teola_adapters.simulated.servers import Batching, SimServers
 from teola_benchmarks.app_names import LANGGRAPH_EXAMPLES as EXAMPLES
 from teola_benchmarks.app_names import import_example
 from teola_benchmarks.framework_result import FrameworkBenchResult, check_equal
-from teola_benchmarks.framework_runs import check_sizes, closed_loop, measure_systems, open_loop
-from teola_benchmarks.harness import arrival_times
+from teola_benchmarks.framework_runs import check_sizes, closed_loop, measure_systems
+from teola_benchmarks.harness import arrival_times, open_loop
 
 SYSTEMS = ("langgraph", "teola")
 

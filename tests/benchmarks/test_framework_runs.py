@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from teola_adapters.simulated.virtual_time import run_virtual
-from teola_benchmarks.framework_runs import closed_loop, open_loop
+from teola_benchmarks.framework_runs import closed_loop
+from teola_benchmarks.harness import open_loop
 
 
 def _slow_echo(started: list[float], seconds: float = 2.0) -> Callable[[int], Awaitable[int]]:
