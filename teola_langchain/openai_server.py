@@ -164,11 +164,14 @@ class PrefixWarmer:
         if rendered is None:
             return None
         key = rendered.key()
-        with self._lock:
+        with self._lock:  # remembered from now on: the same prefix on its way is not sent twice
             if key in self._recent:
                 self._recent.move_to_end(key)
                 self.stats.repeats += 1
                 return None
+            self._recent[key] = None
+            if len(self._recent) > self._memo:
+                self._recent.popitem(last=False)
         try:
             server = await self._server()
             if rendered.messages is not None:
@@ -181,15 +184,8 @@ class PrefixWarmer:
                 assert rendered.text is not None
                 ids = await server.tokenize(rendered.text)
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, key)
             return None
-        with self._lock:  # remembered from now on: the same prefix in flight is not sent twice
-            if key in self._recent:
-                self.stats.repeats += 1
-                return None
-            self._recent[key] = None
-            if len(self._recent) > self._memo:
-                self._recent.popitem(last=False)
         sending = asyncio.get_running_loop().create_task(self._send(server, ids, key))
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
@@ -200,9 +196,7 @@ class PrefixWarmer:
         try:
             sent = await server.warm(ids)
         except Exception as exc:
-            with self._lock:
-                self._recent.pop(key, None)  # not warm after all: a later query may try again
-            self._failed(exc)
+            self._failed(exc, key)
             return 0
         with self._lock:
             self._failures_in_a_row = 0
@@ -211,7 +205,7 @@ class PrefixWarmer:
                 self.stats.warm_tokens += sent
             else:
                 self.stats.short += 1
-        return int(sent)
+        return sent
 
     async def _server(self) -> Any:
         if self._given is not None:
@@ -236,8 +230,9 @@ class PrefixWarmer:
         server.block_size = self._block_size
         return server
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, key: str) -> None:
         with self._lock:
+            self._recent.pop(key, None)  # not warm after all: a later query may try again
             self.stats.failures += 1
             self._failures_in_a_row += 1
             if self.stats.disabled is not None:  # another warm-up in flight already gave up
