@@ -64,6 +64,14 @@ def add_bench_command(commands: Any) -> None:
         help="--workload: comma-separated seeds (instead of --seed): one arrival sequence each, "
         "summarised together (mean over all, and each seed's)",
     )
+    p.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="ENGINE.OP=FACTOR",
+        help="--workload, virtual clock: also run Teola with that op's latencies scaled (0: free), the "
+        "baselines unchanged: the most any optimization of that op could win (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
@@ -180,6 +188,8 @@ def bench_command(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --max-num-seqs is for --langgraph")
     if args.seeds and (args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead):
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
+    if args.what_if and (args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead):
+        raise SystemExit("teola bench: --what-if is for --workload runs")
     if args.agents:
         return run_agents_bench(args)
     if args.langgraph and args.rate is not None and args.concurrency is not None:

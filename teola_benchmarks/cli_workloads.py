@@ -17,7 +17,8 @@ from teola_benchmarks.harness import BenchResult, run_bench, simulated_engines, 
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
-from teola_benchmarks.workloads import WORKLOADS
+from teola_benchmarks.what_if import OpChange, WhatIf, what_if
+from teola_benchmarks.workloads import WORKLOADS, Workload
 
 T = TypeVar("T")
 
@@ -35,6 +36,7 @@ def run_workload_bench(args: argparse.Namespace) -> int:
     if real and time_scale != 1.0:
         raise SystemExit("teola bench: --engines local-real runs in real time; --time-scale must be 1")
     workload = WORKLOADS[args.workload]
+    changes = _changes(args.what_if, workload, real=real, clock=clock)
     if args.overhead:
         pin_to_one_core()
         result = asyncio.run(measure_overhead(workload, args.queries))
@@ -72,13 +74,19 @@ def run_workload_bench(args: argparse.Namespace) -> int:
                     on_system=lambda _: done(1),
                 )
             )
+    what_ifs = [[what_if(r, workload, change) for change in changes] for r in results]
     if args.json:
-        payload = [r.to_json() for r in results]
+        payload = [
+            {**r.to_json(), "what_if": [w.to_json() for w in found]} if found else r.to_json()
+            for r, found in zip(results, what_ifs, strict=True)
+        ]
         print(json.dumps(payload[0] if len(payload) == 1 else payload))
     else:
         console = Console()
-        for r in results:
+        for r, found in zip(results, what_ifs, strict=True):
             console.print(_table(r))
+            if found:
+                console.print(_what_if_table(found))
     if args.plot:
         from teola_benchmarks.plot import plot_sweep
 
@@ -86,6 +94,42 @@ def run_workload_bench(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.plot}")
     return 0
+
+
+def _changes(texts: list[str], workload: Workload, *, real: bool, clock: str) -> list[OpChange]:
+    """The `--what-if` changes; one that cannot be run exits with one line saying why."""
+    if texts and (real or clock != "virtual"):
+        raise SystemExit("teola bench: --what-if runs simulated engines on the virtual clock (exact runs to compare)")
+    try:
+        changes = [OpChange.parse(text) for text in texts]
+        for change in changes:
+            change.check(workload)
+        return changes
+    except ValueError as exc:
+        raise SystemExit(f"teola bench: --what-if: {exc}") from None
+
+
+def _what_if_table(found: list[WhatIf]) -> Table:
+    """Teola with each change against the unchanged best baseline."""
+    base = found[0].base
+    best = base.best_baseline()
+    table = Table(title=f"what if: Teola with one op scaled, {best} as it is (the most a pass on that op could win)")
+    table.add_column("change", no_wrap=True)
+    for column in ("critical path s", "bound s", "teola mean s", "teola p99 s", "mean vs teola", "p99 vs teola"):
+        table.add_column(column, justify="right")
+    for w in found:
+        s = w.changed.summary("teola")
+        bound = w.changed.queueing_bound_s()
+        table.add_row(
+            str(w.change),
+            f"{w.changed.critical_path_s:.2f}",
+            "-" if bound is None else f"{bound:.2f}",
+            f"{s['mean_s']:.2f}",
+            f"{s['p99_s']:.2f}",
+            f"{w.vs_best('mean_s') or 0:.2f}x",
+            f"{w.vs_best('p99_s') or 0:.2f}x",
+        )
+    return table
 
 
 def _numbers(text: str, option: str, parse: Callable[[str], T]) -> list[T]:

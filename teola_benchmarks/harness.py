@@ -33,6 +33,7 @@ from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
 from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
+from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.base import PrimitiveSpan
 from teola_core.runtime.local import LocalRuntime
 
@@ -42,8 +43,11 @@ EngineFactory = Callable[[float, bool, FakeModel], EngineSet]
 """(time scale, prefix cache on, the workload's fake model) -> fresh engines."""
 
 
-def simulated_engines(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
-    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder)
+def simulated_engines(
+    time_scale: float, prefix_cache: bool, responder: FakeModel, profiles: Mapping[str, LatencyProfile] | None = None
+) -> EngineSet:
+    """The paper's engines; `profiles` (by engine name) replaces some of theirs (a what-if run)."""
+    return paper_engines(time_scale=time_scale, prefix_cache=prefix_cache, responder=responder, profiles=profiles)
 
 
 @dataclass

@@ -9,6 +9,8 @@ assumption, each said): `docs/simulated-engines.md`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from teola_adapters.simulated.embedding import SimEmbedder
 from teola_adapters.simulated.llm import Responder, SimLLM
 from teola_adapters.simulated.replicas import SimReplicas
@@ -64,17 +66,24 @@ def paper_profiles() -> dict[str, LatencyProfile]:
     return {p.engine: p for p in (EMBEDDER, VECTORDB, RERANKER, LLM)}
 
 
-def paper_engines(time_scale: float = 1.0, prefix_cache: bool = True, responder: Responder | None = None) -> EngineSet:
+def paper_engines(
+    time_scale: float = 1.0,
+    prefix_cache: bool = True,
+    responder: Responder | None = None,
+    profiles: Mapping[str, LatencyProfile] | None = None,
+) -> EngineSet:
     """Fresh simulated engines named "embedder", "vectordb", "reranker" and "llm".
 
     One instance of each non-LLM engine and `LLM_INSTANCES` independent LLM instances
     (`SimReplicas`: own step loop and prefix cache each), as in the paper's evaluation.
     Engines carry the unscaled profiles: `time_scale` is how the simulation spends time,
     not a property of the engines. `prefix_cache=False` is the LlamaDist baseline's.
+    `profiles` (by engine name) replaces the paper's: a what-if run (`what_if.py`).
     """
+    p = {**paper_profiles(), **(profiles or {})}
     llms = [
         SimLLM(
-            LLM,
+            p["llm"],
             time_scale=time_scale,
             responder=responder,
             prefix_cache=prefix_cache,
@@ -85,8 +94,8 @@ def paper_engines(time_scale: float = 1.0, prefix_cache: bool = True, responder:
     ]
     return (
         EngineSet()
-        .add(SimEmbedder(EMBEDDER, time_scale=time_scale))
-        .add(SimVectorDB(VECTORDB, time_scale=time_scale))
-        .add(SimReranker(RERANKER, time_scale=time_scale))
+        .add(SimEmbedder(p["embedder"], time_scale=time_scale))
+        .add(SimVectorDB(p["vectordb"], time_scale=time_scale))
+        .add(SimReranker(p["reranker"], time_scale=time_scale))
         .add(SimReplicas(llms, name="llm"))
     )

@@ -93,6 +93,13 @@ class LatencyProfile:
             {op: Curve(tuple((x, s * factor) for x, s in c.points)) for op, c in self.curves.items()},
         )
 
+    def with_op_scaled(self, op: str, factor: float) -> LatencyProfile:
+        """One op's latencies multiplied by `factor` (0: free), the others as they are."""
+        if factor < 0:
+            raise ValueError(f"a latency factor must be >= 0, got {factor}")
+        curve = self.curve(op)
+        return LatencyProfile(self.engine, {**self.curves, op: Curve(tuple((x, s * factor) for x, s in curve.points))})
+
     def to_json(self) -> dict[str, object]:
         return {"engine": self.engine, "curves": {op: [list(p) for p in c.points] for op, c in self.curves.items()}}
 
