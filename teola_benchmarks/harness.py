@@ -185,11 +185,14 @@ class Busiest:
     post_s: float  # from the engine's last span of the query to its answer, on the critical path
 
 
-def busiest_engine(graph: Graph, engines: EngineSet) -> tuple[str, float] | None:
+def busiest_engine(graph: Graph, engines: EngineSet, ran: set[str] | None = None) -> tuple[str, float] | None:
     """The single-instance engine with the most profiled work for one query's graph, and that
-    work as if each op's items ran in one batch (the least it can take)."""
+    work as if each op's items ran in one batch (the least it can take). `ran`: count only
+    these nodes (those a run dispatched: a branch not taken is no work)."""
     items: dict[tuple[str, str], int] = {}
     for node in graph.nodes.values():
+        if ran is not None and node.id not in ran:
+            continue
         engine = engines.engines.get(node.engine) if node.engine is not None else None
         if engine is None or engine.profile is None or engine.limits.concurrency != 1:
             continue
@@ -227,7 +230,7 @@ async def run_system(
     engines = make_engines(time_scale, system.prefix_cache, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext(profiles=engines.profiles())
+    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
     template = workload.template(time_scale)
 
     async def ask(i: int) -> dict[str, object]:
@@ -260,7 +263,7 @@ async def critical_path(
     engines = make_engines(time_scale, True, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext(profiles=engines.profiles())
+    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
 
     def graph_of(query: Mapping[str, Any]) -> Graph:
         return manager.optimize(workload.template(time_scale).instantiate(query), ctx).e_graph
@@ -277,7 +280,7 @@ async def critical_path(
         await runtime.close()
         await engines.close()
     cp = longest_path(graph, spans.spans, engines) / time_scale
-    found = busiest_engine(graph, engines)
+    found = busiest_engine(graph, engines, ran={s.node.id for s in spans.spans})
     if found is None:
         return cp, None
     last = max((s.ended_at for s in spans.spans if s.node.engine == found[0]), default=began)

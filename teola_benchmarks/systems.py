@@ -2,7 +2,7 @@
 
 | system         | graph                       | embed requests of 10 | engine batching            | prefix cache |
 |----------------|-----------------------------|----------------------|----------------------------|--------------|
-| teola          | e-graph (all four passes)   | no: as profiled      | topology-aware             | on           |
+| teola          | e-graph (every pass)        | no: as profiled      | topology-aware             | on           |
 | async_chain    | module chain                | gathered (async)     | server-side, dynamic, FIFO | on           |
 | async_parallel | independent modules at once | gathered (async)     | server-side, dynamic, FIFO | on           |
 | llamadist_po   | module chain                | one after another    | per invocation (PO)        | off          |

@@ -66,11 +66,11 @@ def _input_type(call: Call) -> str:
 class BatchedEmbedder(Engine):
     """The batching shared by every embedding engine: subclasses embed one list of texts."""
 
-    def __init__(self, name: str, profile: LatencyProfile | None, concurrency: int) -> None:
+    def __init__(self, name: str, profile: LatencyProfile | None, concurrency: int, device: str | None = None) -> None:
         self.name = name
         self.kinds = frozenset({PrimitiveKind.EMBED})
         self.profile = profile
-        self.limits = EngineLimits(concurrency=concurrency)
+        self.limits = EngineLimits(concurrency=concurrency, device=device)
         self.model_calls = 0  # how many times the model was invoked (batching is visible in tests)
 
     @abstractmethod
@@ -141,7 +141,7 @@ class SentenceTransformerEmbedder(BatchedEmbedder):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         st = require("sentence_transformers", "local", "SentenceTransformerEmbedder")
         path = Path(model) if model is not None else default_model_path()
-        super().__init__(name, load_profile(profile, name, _BUNDLED_PROFILE if model is None else None), 1)
+        super().__init__(name, load_profile(profile, name, _BUNDLED_PROFILE if model is None else None), 1, device)
         self.model_path = path
         self.model = st.SentenceTransformer(str(path), device=device, local_files_only=True)
         self.batch_size = batch_size

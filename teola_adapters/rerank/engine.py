@@ -50,11 +50,11 @@ def _pairs_of(call: Call, engine: str) -> Pairs:
 class BatchedReranker(Engine):
     """The batching shared by the rerankers: subclasses score the pairs of several calls at once."""
 
-    def __init__(self, name: str, profile: LatencyProfile | None) -> None:
+    def __init__(self, name: str, profile: LatencyProfile | None, device: str | None = None) -> None:
         self.name = name
         self.kinds = frozenset({PrimitiveKind.RERANK})
         self.profile = profile
-        self.limits = EngineLimits(concurrency=1)
+        self.limits = EngineLimits(concurrency=1, device=device)
         self.model_calls = 0
 
     @abstractmethod
@@ -113,7 +113,8 @@ class EmbeddingReranker(BatchedReranker):
     ) -> None:
         self.embedder = embedder if embedder is not None else SentenceTransformerEmbedder(name=f"{name}-model")
         self._owns_embedder = embedder is None
-        super().__init__(name, load_profile(profile, name, _BUNDLED_PROFILE))
+        # scores with the embedder's own model (and its one worker thread): the embedder's device
+        super().__init__(name, load_profile(profile, name, _BUNDLED_PROFILE), self.embedder.limits.device)
 
     async def score(self, items: list[Pairs]) -> list[list[float]]:
         np = require("numpy", "local", "EmbeddingReranker")
@@ -159,7 +160,7 @@ class CrossEncoderReranker(BatchedReranker):
         profile: ProfileSource = None,
     ) -> None:
         st = require("sentence_transformers", "local", "CrossEncoderReranker")
-        super().__init__(name, load_profile(profile, name))
+        super().__init__(name, load_profile(profile, name), device)
         self.model_path = Path(model)
         self.model = st.CrossEncoder(str(model), device=device, local_files_only=True, max_length=max_length)
         self.batch_size = batch_size

@@ -70,12 +70,16 @@ class EngineLimits:
     timeout_s: a batch running longer fails its calls (None: no limit).
     instances: how many engine instances serve this engine; a policy that runs one
       invocation at a time per instance (per-invocation batching) uses it.
+    device: what the engine computes on, when it may be shared ("cpu", "cuda:0"): engines
+      on one device do not run in parallel, whatever their names, so a pass that would
+      overlap their work leaves it alone. None: hardware of its own (a remote server).
     """
 
     max_batch_items: int | None = None
     concurrency: int = 1
     timeout_s: float | None = None
     instances: int = 1
+    device: str | None = None
 
 
 class Engine(ABC):
@@ -174,6 +178,10 @@ class EngineSet:
 
     def profiles(self) -> dict[str, LatencyProfile]:
         return {name: e.profile for name, e in self.engines.items() if e.profile is not None}
+
+    def devices(self) -> dict[str, str]:
+        """Engine name -> the device it declares (engines of their own hardware are left out)."""
+        return {name: e.limits.device for name, e in self.engines.items() if e.limits.device is not None}
 
     async def close(self) -> None:
         for engine in self.engines.values():

@@ -3,7 +3,8 @@
 Typical use, with the engines' latency profiles:
 
     from teola_core.passes import PassContext, PassManager
-    e_graph = PassManager().optimize(p_graph, PassContext(profiles=engines.profiles())).e_graph
+    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
+    e_graph = PassManager().optimize(p_graph, ctx).e_graph
 """
 
 from teola_core.passes.base import Pass, PassContext
@@ -11,6 +12,7 @@ from teola_core.passes.decode_pipelining import DecodePipelining
 from teola_core.passes.manager import OptimizationResult, PassManager, default_passes, run_passes
 from teola_core.passes.prefill_split import PrefillSplit
 from teola_core.passes.pruning import DependencyPruning
+from teola_core.passes.rerank_prescoring import RerankPrescoring
 from teola_core.passes.stage_decomposition import StageDecomposition
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "PassContext",
     "PassManager",
     "PrefillSplit",
+    "RerankPrescoring",
     "StageDecomposition",
     "default_passes",
     "run_passes",

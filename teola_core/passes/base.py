@@ -33,6 +33,12 @@ class PassContext:
     tolerance: float = 0.1
     min_overlap_s: float = 0.01
     output_words: Mapping[str, int] = field(default_factory=dict)
+    devices: Mapping[str, str] = field(default_factory=dict)  # engine -> shared device (`EngineLimits.device`)
+
+    def same_device(self, a: str | None, b: str | None) -> bool:
+        """Whether two engines declare one device (their work adds up instead of overlapping)."""
+        device = self.devices.get(a or "")
+        return device is not None and device == self.devices.get(b or "")
 
     def max_efficient_batch(self, engine: str | None, op: str) -> int | None:
         """The engine's max efficient batch for `op`, or None when it has no such profile."""

@@ -10,7 +10,7 @@ swallowed, so there is never a half-rewritten graph.
     manager = PassManager()                       # the default pipeline
     manager.disable("prefill-split")
     manager.register(MyPass(), before="decode-pipelining")
-    result = manager.optimize(p_graph, PassContext(profiles=engines.profiles()))
+    result = manager.optimize(p_graph, PassContext(profiles=engines.profiles(), devices=engines.devices()))
     result.e_graph, result.applied               # graph, ("dependency-pruning", ...)
 """
 
@@ -28,6 +28,7 @@ from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.decode_pipelining import DecodePipelining
 from teola_core.passes.prefill_split import PrefillSplit
 from teola_core.passes.pruning import DependencyPruning
+from teola_core.passes.rerank_prescoring import RerankPrescoring
 from teola_core.passes.stage_decomposition import StageDecomposition
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 
 
 def default_passes() -> list[Pass]:
-    """Fresh instances of the four passes, in the paper's order."""
-    return [DependencyPruning(), StageDecomposition(), PrefillSplit(), DecodePipelining()]
+    """Fresh instances of the paper's four passes, in its order, with rerank pre-scoring
+    before the splits (it reads the ingest and searches whole)."""
+    return [DependencyPruning(), RerankPrescoring(), StageDecomposition(), PrefillSplit(), DecodePipelining()]
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from teola.cli import main
-from teola_adapters.simulated.paper_profiles import RERANKER
+from teola_adapters.simulated.paper_profiles import LLM, RERANKER
 from teola_benchmarks.harness import run_bench
 from teola_benchmarks.what_if import OpChange, what_if
 from teola_benchmarks.workloads import WORKLOADS
+from teola_benchmarks.workloads.naive_rag import ANSWER_TOKENS
 
 ADVANCED = WORKLOADS["advanced_rag"]
 
@@ -31,16 +32,16 @@ def test_an_unchanged_op_reproduces_teolas_own_run(base) -> None:
     assert found.vs_best() == pytest.approx(base.summary("async_parallel")["mean_s"] / base.summary("teola")["mean_s"])
 
 
-def test_a_free_rerank_leaves_the_critical_path_and_every_query_gains(base) -> None:
-    found = what_if(base, ADVANCED, OpChange.parse("reranker.rerank=0"))
-    rerank_alone = RERANKER.latency("rerank", 12)  # the query's 12 candidates, on its critical path
-    assert found.changed.critical_path_s == pytest.approx(base.critical_path_s - rerank_alone, abs=1e-6)
+def test_free_decoding_shortens_the_critical_path_by_the_answers_decode_and_every_query_gains(base) -> None:
+    found = what_if(base, ADVANCED, OpChange.parse("llm.decode=0"))
+    answer_decode = ANSWER_TOKENS * LLM.latency("decode", 1)  # the last step of the query's critical path
+    assert found.changed.critical_path_s == pytest.approx(base.critical_path_s - answer_decode, abs=1e-6)
     for seed in base.seeds:
         before, after = base.runs[seed]["teola"].latencies, found.changed.runs[seed]["teola"].latencies
         assert all(a < b for a, b in zip(after, before, strict=True))
     assert found.changed.runs[0]["teola"].outputs == base.runs[0]["teola"].outputs  # time changed, not answers
     payload = found.to_json()
-    assert payload["change"] == "reranker.rerank=0" and payload["best_baseline"] == "async_parallel"
+    assert payload["change"] == "llm.decode=0" and payload["best_baseline"] == "async_parallel"
     assert payload["vs_best"]["mean"] > base.summary("async_parallel")["mean_s"] / base.summary("teola")["mean_s"]
 
 

@@ -9,7 +9,7 @@ same outputs for the p-graph and the e-graph on the deterministic toy engines.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -45,6 +45,7 @@ class Case:
     answer_items: int | None  # the answer is a list too
     mebs: tuple[int, int, int, int]  # embed, ingest, search, rerank
     question: str
+    rerank_seconds: float = 2.0  # 0.25: pre-scoring every ingested text fits under embed + ingest
 
 
 def _flatten(hits: list[list[Document]]) -> list[Document]:
@@ -119,7 +120,7 @@ def context_for(case: Case) -> PassContext:
         profiles={
             "embedder": meb_profile("embedder", embed=embed),
             "vectordb": meb_profile("vectordb", seconds=0.5, ingest=ingest, search=search),
-            "reranker": meb_profile("reranker", seconds=2.0, rerank=rerank),
+            "reranker": meb_profile("reranker", seconds=case.rerank_seconds, rerank=rerank),
             "llm": meb_profile("llm", seconds=0.1, prefill=1, decode=8),  # per-token prefill: early pays
         }
     )
@@ -143,6 +144,7 @@ def cases(draw: st.DrawFn) -> Case:
         answer_items=draw(st.one_of(st.none(), st.integers(2, 3))),
         mebs=(draw(MEB), draw(MEB), draw(MEB), draw(MEB)),
         question=f"question {draw(st.integers(0, 10_000))}",
+        rerank_seconds=draw(st.sampled_from([0.25, 2.0])),
     )
 
 
@@ -182,3 +184,9 @@ def test_every_pass_applies_on_a_representative_graph() -> None:
     kinds = {n.kind for n in result.e_graph.nodes.values()}
     assert {PrimitiveKind.PARTIAL_PREFILL, PrimitiveKind.FULL_PREFILL, PrimitiveKind.PARTIAL_DECODE} <= kinds
     assert _evaluate(result.e_graph, case) == _evaluate(p_graph, case)
+
+    unguarded = replace(case, condition=False, rerank_seconds=0.25, mebs=(4, 4, 4, 16))
+    p_graph = build(unguarded)
+    result = PassManager().optimize(p_graph, context_for(unguarded))
+    assert "rerank-prescoring" in result.applied
+    assert _evaluate(result.e_graph, unguarded) == _evaluate(p_graph, unguarded)

@@ -21,6 +21,7 @@ from teola_core.passes import (
     PassContext,
     PassManager,
     PrefillSplit,
+    RerankPrescoring,
     StageDecomposition,
     default_passes,
 )
@@ -102,9 +103,16 @@ class NotAGraph(Pass):
 
 
 def test_default_pipeline_order_and_types() -> None:
-    assert PassManager().names == ("dependency-pruning", "stage-decomposition", "prefill-split", "decode-pipelining")
+    assert PassManager().names == (
+        "dependency-pruning",
+        "rerank-prescoring",
+        "stage-decomposition",
+        "prefill-split",
+        "decode-pipelining",
+    )
     assert [type(p) for p in default_passes()] == [
         DependencyPruning,
+        RerankPrescoring,
         StageDecomposition,
         PrefillSplit,
         DecodePipelining,
@@ -126,7 +134,7 @@ def test_runs_to_a_fixed_point_and_reports_what_changed() -> None:
 
 def test_passes_can_be_switched_off_by_name() -> None:
     manager = PassManager(disabled=["stage-decomposition"]).disable("decode-pipelining")
-    assert manager.enabled == ("dependency-pruning", "prefill-split")
+    assert manager.enabled == ("dependency-pruning", "rerank-prescoring", "prefill-split")
     result = manager.optimize(_graph(), CTX)
     assert result.applied == ("dependency-pruning",)
     manager.enable("decode-pipelining")
@@ -136,8 +144,8 @@ def test_passes_can_be_switched_off_by_name() -> None:
 
 
 def test_user_passes_are_registered_in_position() -> None:
-    manager = PassManager().register(Relabel(), before="stage-decomposition")
-    assert manager.names[:3] == ("dependency-pruning", "relabel", "stage-decomposition")
+    manager = PassManager().register(Relabel(), before="rerank-prescoring")
+    assert manager.names[:3] == ("dependency-pruning", "relabel", "rerank-prescoring")
     result = manager.optimize(_graph(), CTX)
     assert result.e_graph.name == "relabelled"
     assert result.applied[:2] == ("dependency-pruning", "relabel")

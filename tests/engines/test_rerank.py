@@ -44,6 +44,8 @@ def embedder():
 def test_cosine_reranker_ranks_by_meaning_and_cuts_to_top_k(embedder) -> None:
     reranker = make_reranker(embedder=embedder)
     assert isinstance(reranker, EmbeddingReranker)
+    # it scores on the embedder's model and worker thread: passes see one device, not two engines' worth
+    assert reranker.limits.device == embedder.limits.device == "cpu"
     (result,) = run(reranker.run([Call("q", rerank(2), {"query": "What is the capital of France?", "docs": DOCS})]))
     ranked = result["docs"]
     assert [s.doc.id for s in ranked] == ["d2", "d3"] and ranked[0].score > ranked[1].score
@@ -97,6 +99,7 @@ def cross_encoder_dir(tmp_path_factory):
 def test_cross_encoder_scores_every_pair_of_the_batch_in_one_predict(cross_encoder_dir) -> None:
     reranker = make_reranker(cross_encoder_dir)
     assert isinstance(reranker, CrossEncoderReranker)
+    assert reranker.limits.device == "cpu"
     predicted: list[int] = []
     original = reranker.predict
 

@@ -1,0 +1,126 @@
+"""Rerank pre-scoring: the ingested texts are scored beside their embedding, the rerank
+after the search becomes a lookup, and a candidate without a score is still reranked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from toy_engines import meb_profile, toy_engines
+
+from teola_core.ir.builder import GraphBuilder
+from teola_core.ir.graph import Graph
+from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.types import Document, PortType
+from teola_core.passes import PassContext, PassManager, RerankPrescoring
+from teola_core.runtime.base import PrimitiveSpan
+from teola_core.runtime.local import LocalRuntime
+from teola_core.runtime.reference import evaluate
+
+DOCS = [f"passage {i} on topic {i % 3} of the question" for i in range(8)]
+QUESTION = "which topic of the question"
+
+
+def ctx(rerank_seconds: float = 0.5) -> PassContext:
+    return PassContext(
+        profiles={
+            "embedder": meb_profile("embedder", embed=16),
+            "vectordb": meb_profile("vectordb", seconds=0.5, ingest=16, search=16),
+            "reranker": meb_profile("reranker", seconds=rerank_seconds, rerank=16),
+        }
+    )
+
+
+def rag(extra: str | None = None, guarded: bool = False) -> Graph:
+    """docs -> embed -> ingest; question -> embed -> search -> merge [+ one outside doc] -> rerank."""
+    b = GraphBuilder("rag")
+    question = b.input("question", PortType.TEXT)
+    docs = b.input("docs", PortType.TEXTS)
+    vectors = b.embed(docs, engine="embedder", items=len(DOCS))
+    index = b.ingest(docs, vectors, engine="vectordb", items=len(DOCS), collection="c")
+    qv = b.embed(b.call(lambda question: [question], {"question": question}, inline=True), engine="embedder", items=1)
+    hits = b.search(qv, index, engine="vectordb", top_k=4, items=1)
+
+    def merge(hits: list[list[Document]]) -> list[Document]:
+        return hits[0] + ([Document("outside", extra)] if extra is not None else [])
+
+    candidates = b.call(merge, {"hits": hits}, name="merge", inline=True)
+    if guarded:
+        cond = b.condition(question, lambda q: 1, branches=2)
+        with b.branch(cond, 1):
+            ranked = b.rerank(question, candidates, engine="reranker", top_k=3, name="rerank")
+    else:
+        ranked = b.rerank(question, candidates, engine="reranker", top_k=3, name="rerank")
+    b.output(ranked=ranked)
+    return b.build()
+
+
+def optimize(graph: Graph, context: PassContext) -> Graph:
+    return PassManager([RerankPrescoring()]).optimize(graph, context).e_graph
+
+
+async def run(graph: Graph) -> tuple[dict[str, Any], list[PrimitiveSpan]]:
+    spans: list[PrimitiveSpan] = []
+
+    class Record:
+        def on_span(self, span: PrimitiveSpan) -> None:
+            spans.append(span)
+
+    runtime = LocalRuntime(toy_engines())
+    runtime.add_hook(Record())
+    try:
+        return await runtime.run(graph, {"question": QUESTION, "docs": DOCS}), spans
+    finally:
+        await runtime.close()
+
+
+def test_the_rerank_becomes_a_lookup_of_scores_computed_beside_the_embedding() -> None:
+    p_graph = rag()
+    e_graph = optimize(p_graph, ctx())
+    assert e_graph.nodes["rerank"].kind == PrimitiveKind.CALL  # same id: traces and consumers stay
+    pre = e_graph.nodes["rerank/prescore"]
+    assert pre.kind == PrimitiveKind.RERANK and pre.items == len(DOCS) and pre.config["top_k"] is None
+    assert "embed" not in {e_graph.nodes[p].kind.value for p in e_graph.predecessors(pre.id)}  # it does not wait
+    assert any("rerank-prescoring" in note for note in e_graph.notes)
+
+    expected, _ = asyncio.run(run(p_graph))
+    got, spans = asyncio.run(run(e_graph))
+    assert got == expected
+    ran = {s.node.id for s in spans}
+    assert "rerank/prescore" in ran and "rerank/fallback" not in ran  # every candidate had its score
+
+
+def test_a_candidate_that_was_not_ingested_is_reranked_by_the_fallback() -> None:
+    p_graph = rag(extra="an outside passage on topic 1 of the question")
+    e_graph = optimize(p_graph, ctx())
+    expected, _ = asyncio.run(run(p_graph))
+    got, spans = asyncio.run(run(e_graph))
+    assert got == expected
+    assert any(d.doc.id == "outside" for d in got["ranked"])  # it ranks, so its score mattered
+    assert "rerank/fallback" in {s.node.id for s in spans}
+    reference = asyncio.run(evaluate(e_graph, {"question": QUESTION, "docs": DOCS}, toy_engines()))
+    assert reference == expected
+
+
+def test_left_alone_where_it_does_not_pay_or_cannot_be_known() -> None:
+    graph = rag()
+    assert optimize(graph, ctx(rerank_seconds=5.0)) is graph  # scoring all would outlast embed + ingest
+    assert optimize(graph, PassContext()) is graph  # no profiles: 8/4 times the rerank's work, not done blind
+    shared = PassContext(profiles=ctx().profiles, devices={"embedder": "cpu", "reranker": "cpu", "vectordb": "cpu"})
+    assert optimize(graph, shared) is graph  # one device: the pre-scoring would only take turns with the embedding
+    guarded = rag(guarded=True)
+    assert optimize(guarded, ctx()) is guarded  # inside a branch: it would run whether taken or not
+
+
+def test_a_rerank_of_anything_but_searched_hits_is_left_alone() -> None:
+    b = GraphBuilder("plain")
+    question = b.input("question", PortType.TEXT)
+    docs = b.call(lambda question: [Document("a", question)], {"question": question}, inline=True)
+    b.output(ranked=b.rerank(question, docs, engine="reranker", top_k=1))
+    graph = b.build()
+    assert optimize(graph, ctx()) is graph
+
+
+def test_the_rewrite_is_idempotent() -> None:
+    e_graph = optimize(rag(), ctx())
+    assert optimize(e_graph, ctx()) is e_graph
