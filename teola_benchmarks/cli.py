@@ -186,9 +186,10 @@ def bench_command(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --langchain, --llamaindex, --langgraph and --agents are exclusive")
     if args.max_num_seqs is not None and not args.langgraph:
         raise SystemExit("teola bench: --max-num-seqs is for --langgraph")
-    if args.seeds and (args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead):
+    not_a_workload_run = args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead
+    if args.seeds and not_a_workload_run:
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
-    if args.what_if and (args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead):
+    if args.what_if and not_a_workload_run:
         raise SystemExit("teola bench: --what-if is for --workload runs")
     if args.agents:
         return run_agents_bench(args)

@@ -230,7 +230,7 @@ async def run_system(
     engines = make_engines(time_scale, system.prefix_cache, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
+    ctx = PassContext.of(engines)
     template = workload.template(time_scale)
 
     async def ask(i: int) -> dict[str, object]:
@@ -263,7 +263,7 @@ async def critical_path(
     engines = make_engines(time_scale, True, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
+    ctx = PassContext.of(engines)
 
     def graph_of(query: Mapping[str, Any]) -> Graph:
         return manager.optimize(workload.template(time_scale).instantiate(query), ctx).e_graph

@@ -55,7 +55,7 @@ async def measure_overhead(workload: Workload, queries: int, concurrency: int = 
     counter = _Count()
     runtime.add_hook(counter)
     manager = PassManager(SYSTEMS["teola"].pass_list())
-    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
+    ctx = PassContext.of(engines)
     template = workload.template(0.0)
     prepared = [workload.make_query(i) for i in range(queries)]
     gate = asyncio.Semaphore(concurrency)

@@ -112,7 +112,7 @@ class AgentRuntime:
         self._queue = QueueDelay([n for n, e in engines.engines.items() if isinstance(e, KVRetention)])
         self.runtime.add_hook(self._queue)
         self._manager = PassManager(list(default_passes()) if passes is None else list(passes))
-        self._context = PassContext(profiles=engines.profiles(), devices=engines.devices())
+        self._context = PassContext.of(engines)
         self._programs: dict[str, Program] = {}
         self._ids = count()
         self._ranks = count()  # programs, by start

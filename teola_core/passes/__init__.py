@@ -3,8 +3,7 @@
 Typical use, with the engines' latency profiles:
 
     from teola_core.passes import PassContext, PassManager
-    ctx = PassContext(profiles=engines.profiles(), devices=engines.devices())
-    e_graph = PassManager().optimize(p_graph, ctx).e_graph
+    e_graph = PassManager().optimize(p_graph, PassContext.of(engines)).e_graph
 """
 
 from teola_core.passes.base import Pass, PassContext

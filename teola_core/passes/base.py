@@ -16,9 +16,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from teola_core.ir.graph import Graph
 from teola_core.profiles.profile import LatencyProfile
+
+if TYPE_CHECKING:
+    from teola_core.engines.protocol import EngineSet
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,11 @@ class PassContext:
     min_overlap_s: float = 0.01
     output_words: Mapping[str, int] = field(default_factory=dict)
     devices: Mapping[str, str] = field(default_factory=dict)  # engine -> shared device (`EngineLimits.device`)
+
+    @classmethod
+    def of(cls, engines: EngineSet) -> PassContext:
+        """What passes see of an engine set: its profiles and the devices its engines share."""
+        return cls(profiles=engines.profiles(), devices=engines.devices())
 
     def same_device(self, a: str | None, b: str | None) -> bool:
         """Whether two engines declare one device (their work adds up instead of overlapping)."""

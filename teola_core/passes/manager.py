@@ -10,7 +10,7 @@ swallowed, so there is never a half-rewritten graph.
     manager = PassManager()                       # the default pipeline
     manager.disable("prefill-split")
     manager.register(MyPass(), before="decode-pipelining")
-    result = manager.optimize(p_graph, PassContext(profiles=engines.profiles(), devices=engines.devices()))
+    result = manager.optimize(p_graph, PassContext.of(engines))
     result.e_graph, result.applied               # graph, ("dependency-pruning", ...)
 """
 

@@ -23,9 +23,10 @@ Only where it pays, by the profiles (`estimates.finish_times`, one query alone):
 all |T| texts from when they are ready must end no later than the candidates are known
 (the embedding, ingest, the queries' own path and the search it hides behind), on
 another engine and device than the texts' embedder (`EngineLimits.device`: a reranker
-on the embedder's CPU or model would only take turns with it). No rerank profile: no rewrite (it costs
-|T| / candidates times the rerank's work, so it is not done blind). A rerank inside a branch is left alone (its
-pre-scoring would run whether or not the branch is taken).
+on the embedder's CPU or model would only take turns with it). No rerank profile: no
+rewrite (it costs |T| / candidates times the rerank's work, so it is not done blind). A
+rerank inside a branch is left alone (its pre-scoring would run whether or not the
+branch is taken).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _ingest_behind(graph: Graph, rerank: Node) -> Node | None:
 
 def _pays(graph: Graph, rerank: Node, ingest: Node, ctx: PassContext) -> bool:
     """By the profiles, scoring every ingested text, from when the texts are ready, ends no
-    later than the candidates are known, on another engine than the texts' embedder."""
+    later than the candidates are known, on another engine and device than the texts' embedder."""
     assert ingest.items is not None
     embeds = [graph.nodes[e.src] for e in graph.data_in(ingest.id) if e.dst_port == "vectors"]
     if any(e.engine == rerank.engine or ctx.same_device(e.engine, rerank.engine) for e in embeds):
@@ -135,13 +136,13 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node) -> Graph:
     texts = next(e for e in editor.data_in(ingest.id) if e.dst_port == "texts")
     query, candidates = inputs["query"], inputs["docs"]
 
-    def call(suffix: str, fn: Any, ports: Sequence[PortSpec], out: str, **config: Any) -> Node:
+    def call(suffix: str, fn: Any, ports: Sequence[PortSpec], out: str) -> Node:
         node = Node(
             editor.fresh_id(f"{rerank.id}/{suffix}"),
             PrimitiveKind.CALL,
             tuple(ports),
             (PortSpec(out, PortType.ANY),),
-            config={"fn": fn, "inline": True, ROLE: suffix, **config},
+            config={"fn": fn, "inline": True, ROLE: suffix},
             module=rerank.module,
             label=rerank.label,
         )

@@ -53,6 +53,10 @@ class Curve:
             (x0, s0), (x1, s1) = pts[i - 1], pts[i]
         return max(0.0, s0 + (s1 - s0) * (x - x0) / (x1 - x0))
 
+    def scaled(self, factor: float) -> Curve:
+        """Every latency multiplied by `factor`."""
+        return Curve(tuple((x, s * factor) for x, s in self.points))
+
     def max_efficient(self, tolerance: float = 0.1) -> int:
         """The smallest measured x whose throughput is within `tolerance` of the best.
 
@@ -90,15 +94,14 @@ class LatencyProfile:
         """Every latency multiplied by `factor` (the benchmark's time scale)."""
         return LatencyProfile(
             self.engine,
-            {op: Curve(tuple((x, s * factor) for x, s in c.points)) for op, c in self.curves.items()},
+            {op: c.scaled(factor) for op, c in self.curves.items()},
         )
 
     def with_op_scaled(self, op: str, factor: float) -> LatencyProfile:
         """One op's latencies multiplied by `factor` (0: free), the others as they are."""
         if factor < 0:
             raise ValueError(f"a latency factor must be >= 0, got {factor}")
-        curve = self.curve(op)
-        return LatencyProfile(self.engine, {**self.curves, op: Curve(tuple((x, s * factor) for x, s in curve.points))})
+        return LatencyProfile(self.engine, {**self.curves, op: self.curve(op).scaled(factor)})
 
     def to_json(self) -> dict[str, object]:
         return {"engine": self.engine, "curves": {op: [list(p) for p in c.points] for op, c in self.curves.items()}}
