@@ -5,7 +5,8 @@ children, and a `close` node (the run ends with the output) (`runs.py`); a paral
 `.assign` hands on a `DictValue` (`values.py`), so the steps after it know where each
 field comes from. In the chain's own sequence, a step whose own `batch` a `batch()` call
 must run is a barrier (`batching.py`); `model | list parser | .map()` runs are pipelined
-(`pipelining.py`). A `.map()` whose body batches per item runs the body's own graph on
+(`pipelining.py`); a step that reads only keys ready before the step ahead of it ends
+starts early (`early_steps.py`). A `.map()` whose body batches per item runs the body's own graph on
 each item (`GraphWriter.nested_graph`).
 """
 
@@ -23,10 +24,25 @@ from teola_core.ir.builder import Value
 from teola_core.ir.kinds import MergeMode, PrimitiveKind
 from teola_langchain import steps
 from teola_langchain.context import StepRef
+from teola_langchain.early_steps import EarlyStart
 from teola_langchain.models import language_model
 from teola_langchain.pipelining import PipelinedMaps
 from teola_langchain.retrievers import Decomposition, decompose
 from teola_langchain.values import DictValue, Ref, Sym, carry
+
+
+def assigned(base: Sym, mapped: Sym, merged: Value) -> DictValue:
+    """What `.assign` hands on: `{**base, **mapped}` as `merged`, with the fields known of both.
+
+    Keys the mapper adds override the base's; the base's other keys are read from the base
+    itself (`rest`), so a step that reads only them need not wait for the mapper. A mapper
+    whose keys are unknown leaves only the merged whole to read from.
+    """
+    if not isinstance(mapped, DictValue) or mapped.open:
+        return DictValue(merged, {}, rest=merged)
+    if isinstance(base, DictValue):
+        return DictValue(merged, {**base.fields, **mapped.fields}, rest=base.rest)
+    return DictValue(merged, dict(mapped.fields), rest=base.value)
 
 
 class Composites(PipelinedMaps):
@@ -55,7 +71,8 @@ class Composites(PipelinedMaps):
                 current = self.pipelined(pipeline, current, scope, i)
                 i += 4 if pipeline.trim is not None else 3
                 continue
-            current = self.step(s, current, child)
+            early = EarlyStart(self).step(s, current, child) if i > 0 else None
+            current = early if early is not None else self.step(s, current, child)
             i += 1
         closed = self._close(r, scope, self.whole(current))
         return carry(current, closed)
@@ -82,11 +99,7 @@ class Composites(PipelinedMaps):
         merged = self._user(
             steps.close_merge(scope), {"base": checked, "update": self.whole(mapped)}, "close", r.get_name()
         )
-        fields = dict(sym.fields) if isinstance(sym, DictValue) else {}
-        if isinstance(mapped, DictValue):
-            fields.update(mapped.fields)
-        known_base = isinstance(sym, DictValue) and not sym.open
-        return DictValue(merged, fields, open=not known_base or (isinstance(mapped, DictValue) and mapped.open))
+        return assigned(sym, mapped, merged)
 
     def branch(self, r: RunnableBranch[Any, Any], sym: Sym, ref: StepRef) -> Sym:
         scope, opened = self._open(r, sym, ref)

@@ -29,6 +29,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import _set_config_context, merge_configs, patch_config
 
 from teola_langchain.batching import BatchGroup
+from teola_langchain.deferred_callbacks import CallbackRecorder, is_recording, recording, without_tracing
 
 BoundConfigs = tuple[RunnableConfig, ...]
 
@@ -68,6 +69,17 @@ class OpenRun:
         return getattr(self.manager, f"on_{self.kind}_error")(error)
 
 
+@dataclass(eq=False)
+class EarlyRun:
+    """A step running before the chain reaches it (`early_steps.py`): its callbacks go to
+    `recorder`, its input is `projection` (the keys it reads), and `read_failed` says that
+    a part given the projection raised (the step then runs again, in order, on its real input)."""
+
+    recorder: CallbackRecorder
+    projection: Any
+    read_failed: bool = False
+
+
 @dataclass
 class QueryContext:
     """One query's config, mode and open runs (see the module docstring).
@@ -90,6 +102,7 @@ class QueryContext:
     batch: BatchGroup | None = None  # the batch() call this query is input `batch_index` of
     batch_index: int = 0
     step: int = 0  # the top-level step of a sequence this query has reached (batch errors)
+    early: EarlyRun | None = None  # set while a step runs early: its callbacks are recorded
 
     def step_config(self, ref: StepRef) -> RunnableConfig:
         """The config LangChain passes to the step `ref` names.
@@ -104,6 +117,8 @@ class QueryContext:
         else:
             run = self.runs[ref.scope]
             child = run.manager.get_child(ref.tag)
+            if self.early is not None and not is_recording(child, self.early.recorder):
+                child = recording(child, self.early.recorder)
             retriever = run.kind == "retriever"
             config = RunnableConfig(callbacks=child) if retriever else patch_config(run.config, callbacks=child)
         if not ref.bound:
@@ -118,6 +133,8 @@ class QueryContext:
         the caller's context as is.
         """
         context = self.caller.copy()
+        if self.early is not None:
+            context.run(without_tracing)
         if ref.scope is not None:
             run = self.runs[ref.scope]
             context.run(_set_config_context, run.config if run.kind == "retriever" else config)
@@ -128,6 +145,10 @@ class QueryContext:
     def own_runs(self) -> MutableMapping[str, OpenRun]:
         """The runs this query opened (a map element's, not those around the map)."""
         return self.runs.maps[0] if isinstance(self.runs, ChainMap) else self.runs
+
+    def running_early(self, projection: Any) -> QueryContext:
+        """A context for a step that runs before the chain reaches it, on `projection` (`early_steps.py`)."""
+        return replace(self.child(), early=EarlyRun(CallbackRecorder(), projection))
 
     def child(self) -> QueryContext:
         """A context for a nested query (one element of a map): its own id and runs.

@@ -43,6 +43,9 @@ def explain_plan(
             "queries): every call runs as LangChain runs it"
         )
     out.append(section("execution", how))
+    if plan.traced.early:
+        pruned = "\n".join(f"- {note}" for note in plan.traced.early)
+        out.append(section("dependency pruning (which sequence steps start before the step ahead ends)", pruned))
     advice = report(first, plan, engines, calls, calls_on_graph, learn_after, not_learning)
     out.extend(section(title, body) for title, body in advice)
     engine_lines = [

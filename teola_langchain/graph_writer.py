@@ -12,7 +12,6 @@ dispatches a step to them (`step`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from itertools import count
 from typing import Any
 
 from langchain_core.runnables import Runnable
@@ -40,7 +39,6 @@ class GraphWriter(ABC):
         self.b = GraphBuilder(name)
         self.input = self.b.input("input")
         self.ctx = self.b.input("context")
-        self._scopes = count()
         self.paths: dict[str | None, str] = {None: keys.CHAIN, **(paths or {})}  # run scope -> its step key
 
     @abstractmethod
@@ -64,9 +62,14 @@ class GraphWriter(ABC):
     def whole(sym: Sym) -> Value:
         return sym.value if isinstance(sym, Ref) else sym.whole
 
-    def _user(self, fn: Any, inputs: dict[str, Value], name: str, label: str, key: str | None = None) -> Value:
-        """A call of the chain's own code: `fn` gets the node's inputs and the query's context."""
-        return self._call(fn, {**inputs, "ctx": self.ctx}, name, label, inline=False, key=key)
+    def _user(
+        self, fn: Any, inputs: dict[str, Value], name: str, label: str, key: str | None = None, cheap: bool = False
+    ) -> Value:
+        """A call of the chain's own code: `fn` gets the node's inputs and the query's context.
+
+        cheap: the step only reshapes data (`reads.reshapes_only`): not work a step could overlap.
+        """
+        return self._call(fn, {**inputs, "ctx": self.ctx}, name, label, inline=False, key=key, cheap=cheap)
 
     def _itemwise(
         self, fn: Any, inputs: dict[str, Value], name: str, label: str, inline: bool = False, key: str | None = None
@@ -87,12 +90,16 @@ class GraphWriter(ABC):
         inline: bool,
         key: str | None,
         caps: Capabilities | None = None,
+        cheap: bool = False,
     ) -> Value:
         """A CALL node of `fn` on `ports`, charged to step `key` (when given)."""
+        config = {"fn": fn, "inline": inline, **({LATENCY_KEY: key} if key is not None else {})}
+        if cheap:
+            config["reshapes_only"] = True
         node = self.b.add(
             PrimitiveKind.CALL,
             ports,
-            config={"fn": fn, "inline": inline, **({LATENCY_KEY: key} if key is not None else {})},
+            config=config,
             input_ports=tuple(PortSpec(p, PortType.ANY) for p in ports),
             output_ports=(PortSpec("value", PortType.ANY),),
             name=f"{label}.{name}",
@@ -102,7 +109,7 @@ class GraphWriter(ABC):
         return Value(node.id, "value")
 
     def _scope(self, label: str) -> str:
-        return f"{label}#{next(self._scopes)}"
+        return f"{label}#{next(self.session.scopes)}"  # unique in the session: nested graphs see outer runs
 
     def key(self, r: Runnable[Any, Any], ref: StepRef, kind: str | None = None, opaque: str | None = None) -> str:
         """The step key of `r` at `ref` (`keys.py`); with `kind`, recorded for explain()."""

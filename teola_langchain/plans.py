@@ -96,7 +96,8 @@ class Planner:
 def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
     """What running on the graph gains over running the chain as LangChain does (empty: nothing).
 
-    A pass that overlaps work, or an engine that batches calls across queries. A chain of
+    A pass that overlaps work (a sequence step that starts before the step ahead ends is
+    dependency pruning), or an engine that batches calls across queries. A chain of
     framework calls that each run alone gains nothing from being scheduled, so it is not.
     A prefill split pays only on an engine that prefills a prompt's start for real (not a
     LangChain model with no server to warm: its early prefill is bookkeeping).
@@ -112,6 +113,7 @@ def _what_pays(plan: TracedChain, engines: EngineSet) -> list[str]:
         for name in _PAYING_PASSES
         if any(p == f"applied {name}" for p in sub.passes)
     ]
+    gains += [f"dependency pruning: {note.step} starts early" for note in plan.early if note.early]
     used = {n.engine for sub in plan.graphs() for n in sub.graph.nodes.values() if n.engine is not None}
     for name in sorted(used):
         if engines[name].limits.max_batch_items != 1:

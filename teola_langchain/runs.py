@@ -41,9 +41,14 @@ async def invoke_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any],
     if ref.barrier is not None and ctx.batch is not None:
         return await ctx.batch.join(ref.barrier, ctx.batch_index, value, config, _batch_of(ctx, step))
     context = ctx.step_context(config, ref)
-    if ctx.sync:
-        return await asyncio.to_thread(context.run, step.invoke, value, config)
-    return await asyncio.get_running_loop().create_task(step.ainvoke(value, config), context=context)
+    try:
+        if ctx.sync:
+            return await asyncio.to_thread(context.run, step.invoke, value, config)
+        return await asyncio.get_running_loop().create_task(step.ainvoke(value, config), context=context)
+    except Exception:
+        if ctx.early is not None and value is ctx.early.projection:
+            ctx.early.read_failed = True  # its error may name keys the real input has (`early_steps.py`)
+        raise
 
 
 def _batch_of(ctx: QueryContext, step: Runnable[Any, Any]) -> Any:

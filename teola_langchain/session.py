@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from itertools import count
 from typing import Any
 
 from langchain_core.runnables import Runnable
 
 from teola_langchain.advice import StepInfo
 from teola_langchain.engines import EngineRegistry
-from teola_langchain.traced import Blocked, SubGraph
+from teola_langchain.traced import Blocked, EarlyNote, SubGraph
 
 
 class OpaqueStepWarning(UserWarning):
@@ -42,6 +43,8 @@ class TraceSession:
         self.opaque: list[str] = []
         self.steps: dict[str, StepInfo] = {}
         self.blocked: list[Blocked] = []
+        self.scopes = count()  # run scope ids, unique across the session's graphs
+        self.early: list[EarlyNote] = []  # which steps start early, and why the others wait (explain())
         self._warn = warn
         self._noted: set[int] = set()
 

@@ -26,6 +26,7 @@ from teola_langchain.context import StepRef
 from teola_langchain.graph_writer import GraphWriter
 from teola_langchain.models import DEFAULT_MAX_TOKENS, language_model
 from teola_langchain.prompts import describe, is_prompt
+from teola_langchain.reads import reshapes_only
 from teola_langchain.retrievers import Decomposition
 from teola_langchain.values import MISSING, DictValue, Ref, Sym
 
@@ -38,7 +39,7 @@ class StepNodes(GraphWriter):
             self.session.note_opaque(r, reason)
         label = r.get_name()
         key = self.key(r, ref, "retriever" if isinstance(r, BaseRetriever) else "leaf", reason)
-        out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label, key)
+        out = self._user(steps.leaf(r, ref), {"value": self.whole(sym)}, "invoke", label, key, reshapes_only(r))
         return Ref(out, self._prompt_plan(r, sym) if is_prompt(r) else None)
 
     def _prompt_plan(self, prompt: Any, sym: Sym) -> PromptPlan | None:
@@ -51,10 +52,10 @@ class StepNodes(GraphWriter):
         for var in template.ports:
             if var in sym.fields:
                 value = sym.fields[var]
-            elif var in partials or not sym.open:
+            elif var in partials or sym.rest is None:
                 value = self.b.call(steps.constant(MISSING), {}, name="missing", inline=True)
             else:  # the key may come from a dict whose keys are known only at run time
-                value = self.b.call(steps.get_or_missing(var), {"value": sym.whole}, name="field", inline=True)
+                value = self.b.call(steps.get_or_missing(var), {"value": sym.rest}, name="field", inline=True)
             sources.append((var, value.node, value.port))
         return PromptPlan(template, tuple(sources))
 

@@ -28,12 +28,25 @@ class Blocked:
     advice: str
 
 
+@dataclass(frozen=True)
+class EarlyNote:
+    """Whether a sequence step starts before the step ahead of it ends (`early_steps.py`), and why."""
+
+    step: str
+    early: bool
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.step}: {'starts early' if self.early else 'waits for the step ahead'}: {self.why}"
+
+
 @dataclass
 class TracedChain:
     """The result of tracing: the main graph, nested graphs (map bodies), what stayed opaque.
 
     steps: the key of every step whose run time the plan uses, with what it is;
-    blocked: where decode pipelining could apply and does not.
+    blocked: where decode pipelining could apply and does not;
+    early: which sequence steps start before the step ahead of them ends, and why the others wait.
     """
 
     main: SubGraph
@@ -41,6 +54,7 @@ class TracedChain:
     opaque: list[str]
     steps: dict[str, StepInfo] = field(default_factory=dict)
     blocked: list[Blocked] = field(default_factory=list)
+    early: list[EarlyNote] = field(default_factory=list)
 
     def graphs(self) -> list[SubGraph]:
         return [self.main, *self.subgraphs]

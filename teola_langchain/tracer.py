@@ -85,7 +85,9 @@ def trace_in(session: TraceSession, runnable: Runnable[Any, Any] | Any, name: st
     graph = GraphTracer(name or runnable.get_name(), session).trace(runnable, StepRef())
     main = SubGraph(graph.name, graph, graph)
     subgraphs = session.subgraphs[start:]
-    return TracedChain(main, subgraphs, list(session.opaque), dict(session.steps), list(session.blocked))
+    return TracedChain(
+        main, subgraphs, list(session.opaque), dict(session.steps), list(session.blocked), list(session.early)
+    )
 
 
 class GraphTracer(Composites):

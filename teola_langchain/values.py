@@ -10,7 +10,7 @@ can be planned to warm its ready start while the retriever runs (prefill split):
     Ref(value)                                   # one port
     Ref(value, plan)                             # a prompt's output, and how it is made
     DictValue(whole, {"q": a, "ctx": b})         # exactly these keys
-    DictValue(whole, {"ctx": b}, open=True)      # `.assign` on a dict whose keys are unknown
+    DictValue(whole, {"ctx": b}, rest=x)         # `.assign` on `x`, a dict whose keys are unknown
 
 `MISSING` stands, at run time, for a dict key that is absent.
 """
@@ -53,14 +53,20 @@ class Ref:
 class DictValue:
     """A dict a composite builds: the whole value, and where each known field comes from.
 
-    `fields` serve planning only (which prompt variables are ready when); every step
-    receives `whole`, the dict the composite returned. `open`: the dict may hold keys
-    beyond `fields` (`.assign` on an input whose keys are unknown).
+    `fields` serve planning (which prompt variables are ready when, which steps can start
+    early: `early_steps.py`); every step receives `whole`, the dict the composite returned.
+    `rest`: the dict also holds the keys of this value that `fields` does not name
+    (`.assign` on an input whose keys are unknown); None: exactly `fields`.
     """
 
     whole: Value
     fields: dict[str, Value]
-    open: bool = False
+    rest: Value | None = None
+
+    @property
+    def open(self) -> bool:
+        """The dict may hold keys beyond `fields`."""
+        return self.rest is not None
 
 
 Sym = Ref | DictValue
@@ -69,5 +75,5 @@ Sym = Ref | DictValue
 def carry(sym: Sym, value: Value) -> Sym:
     """`sym` as handed on through `value` (an open/close node): same fields, new whole."""
     if isinstance(sym, DictValue):
-        return DictValue(value, sym.fields, sym.open)
+        return DictValue(value, sym.fields, sym.rest)
     return Ref(value, sym.plan)

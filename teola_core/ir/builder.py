@@ -321,6 +321,22 @@ class GraphBuilder:
         dst = then.node if isinstance(then, Value) else then
         self._editor.connect(ControlEdge(src, dst, pinned=True))
 
+    def ancestors(self, node: str) -> set[str]:
+        """Every node `node` waits for (so far), through data and control edges."""
+        seen: set[str] = set()
+        todo = [node]
+        while todo:
+            current = todo.pop()
+            for edge in (*self._editor.data_in(current), *self._editor.control_in(current)):
+                if edge.src not in seen:
+                    seen.add(edge.src)
+                    todo.append(edge.src)
+        return seen
+
+    def node(self, node_id: str) -> Node:
+        """A node added so far."""
+        return self._editor.nodes[node_id]
+
     # -- finish ----------------------------------------------------------------------
     def build(self, *, chain_modules: bool = True) -> Graph:
         if not self._has_output:

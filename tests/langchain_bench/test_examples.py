@@ -77,12 +77,9 @@ def test_multi_query_expansion_is_pipelined() -> None:
     assert "decode-pipelining" in "\n".join(fast.plan.main.passes)
 
 
-def test_one_assign_runs_its_analyses_side_by_side_and_chained_assigns_in_order() -> None:
-    """`.assign(a=, b=, c=)` runs its branches at once; three `.assign`s hand each the last one's dict.
-
-    LangChain passes each `.assign`'s mapper the whole dict so far, so a later analysis
-    receives the earlier ones' results: Teola keeps that order (the steps run as themselves).
-    """
+def test_one_assign_runs_its_analyses_side_by_side_and_chained_assigns_start_early() -> None:
+    """`.assign(a=, b=, c=)` runs its branches at once; of three chained `.assign`s, the later two
+    read only "text" (their prompts' variables), so they start with the first (`early_steps.py`)."""
     import networkx as nx
     from langchain_core.output_parsers import StrOutputParser
     from langchain_core.runnables import RunnablePassthrough
@@ -94,13 +91,19 @@ def test_one_assign_runs_its_analyses_side_by_side_and_chained_assigns_in_order(
     one = RunnablePassthrough.assign(
         summary=module.SUMMARY | llm | parse, facts=module.FACTS | llm | parse, tone=module.TONE | llm | parse
     ) | (module.BRIEF | llm | parse)
-    for chain, expected in ((one, [0, 0, 0, 3]), (module.build_chain(llm), [0, 1, 2, 3])):
-        graph = teola.optimize(chain).plan.main.graph
-        g = graph.to_networkx()
-        kinds = {n.id: n.kind.value for n in _nodes(graph)}
-        decodes = {i for i, k in kinds.items() if k == "decode"}
-        upstream = {i: nx.ancestors(g, i) & decodes for i, k in kinds.items() if k == "prefill"}
-        assert sorted(len(u) for u in upstream.values()) == expected
+    graph = teola.optimize(one).plan.main.graph
+    g = graph.to_networkx()
+    kinds = {n.id: n.kind.value for n in _nodes(graph)}
+    decodes = {i for i, k in kinds.items() if k == "decode"}
+    upstream = {i: nx.ancestors(g, i) & decodes for i, k in kinds.items() if k == "prefill"}
+    assert sorted(len(u) for u in upstream.values()) == [0, 0, 0, 3]
+    chained = teola.optimize(module.build_chain(llm))
+    assert [(note.step, note.early) for note in chained.plan.early] == [
+        ("RunnableAssign<facts>[seq:step:2]", True),
+        ("RunnableAssign<tone>[seq:step:3]", True),
+    ]
+    assert chained.on_graph and "dependency pruning" in chained.explain()
+    chained.close()
 
 
 def _nodes(graph: Any) -> list[Any]:
