@@ -6,7 +6,14 @@ import importlib
 from types import ModuleType
 
 # `--langchain` (`teola_examples.<name>`).
-LANGCHAIN_EXAMPLES = ("naive_rag", "multi_query_rag", "multi_query_retriever", "rerank_rag", "assign_pipeline")
+LANGCHAIN_EXAMPLES = (
+    "naive_rag",
+    "multi_query_rag",
+    "multi_query_retriever",
+    "rerank_rag",
+    "assign_pipeline",
+    "checked_rag",
+)
 # `--llamaindex`: QueryPipelines (`teola_benchmarks.llamaindex.examples`, llama-index-core
 # <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
 LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")

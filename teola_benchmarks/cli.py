@@ -91,11 +91,12 @@ def add_bench_command(commands: Any) -> None:
     )
     p.add_argument(
         "--langchain",
-        choices=LANGCHAIN_EXAMPLES,
+        choices=(*LANGCHAIN_EXAMPLES, "all"),
         default=None,
         metavar="EXAMPLE",
         help=f"an example LangChain chain, plain vs teola.optimize, on simulated OpenAI-compatible servers "
-        f"({', '.join(LANGCHAIN_EXAMPLES)}); with --overhead: invoke on zero-latency fakes",
+        f"({', '.join(LANGCHAIN_EXAMPLES)}; all: each in turn, summed up in one table); "
+        "with --overhead: invoke on zero-latency fakes",
     )
     p.add_argument(
         "--llamaindex",
@@ -153,6 +154,12 @@ def add_bench_command(commands: Any) -> None:
         choices=("dynamic", "request"),
         default="dynamic",
         help="--langchain/--llamaindex: how the embedding/rerank servers batch concurrent requests",
+    )
+    p.add_argument(
+        "--untraced",
+        action="store_true",
+        help="--langchain: run the systems without the tracer every system otherwise has attached "
+        "(and whose traces must then be equal)",
     )
     p.add_argument(
         "--serve-overload",

@@ -12,7 +12,8 @@ from typing import Any
 from rich.console import Console
 
 from teola.cli_support import working
-from teola_benchmarks.framework_result import FrameworkBenchResult
+from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES
+from teola_benchmarks.framework_result import FrameworkBenchResult, summary_table
 
 
 def run_call_overhead(args: argparse.Namespace) -> int:
@@ -37,6 +38,8 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
     from teola_benchmarks.langchain.bench import bench_langchain, overhead_langchain
 
     if args.overhead:
+        if args.langchain == "all":
+            raise SystemExit("teola bench: --overhead takes one --langchain example, not all")
         with working(f"{args.langchain}: invoke overhead on zero-latency fakes"):
             overhead = overhead_langchain(args.langchain, queries=args.queries or 20)
         if args.json:
@@ -48,8 +51,18 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
             )
         return 0
     time_scale = _app_time_scale(args, " (use --overhead for zero-latency fakes)")
+    if args.langchain == "all":
+        results = []
+        for example in LANGCHAIN_EXAMPLES:
+            with working(f"{example}: plain LangChain vs teola.optimize on simulated servers"):
+                results.append(bench_langchain(example, traced=not args.untraced, **_app_options(args, time_scale)))
+        if args.json:
+            print(json.dumps([r.to_json() for r in results]))
+        else:
+            Console(width=160).print(summary_table(results))
+        return 0
     with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
-        result = bench_langchain(args.langchain, **_app_options(args, time_scale))
+        result = bench_langchain(args.langchain, traced=not args.untraced, **_app_options(args, time_scale))
     return _report_app(args, result, result.example)
 
 

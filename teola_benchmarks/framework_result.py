@@ -38,6 +38,17 @@ class FrameworkBenchResult:
         s = self.summary()
         return min((name for name in s if name != "teola"), key=lambda name: s[name]["mean_s"])
 
+    def best_alone(self) -> float | None:
+        """The fastest any system answered one query alone (`alone_s`): a measured stand-in for
+        the chain's critical path (no queueing, every overlap any spelling finds)."""
+        alone = self.server.get("alone_s") or {}
+        return min(alone.values()) if alone else None
+
+    def teola_vs_best_alone(self) -> float | None:
+        """Teola's mean latency under this load over `best_alone()` (1.0: the critical path)."""
+        best = self.best_alone()
+        return None if not best else self.summary()["teola"]["mean_s"] / best
+
     def to_json(self) -> dict[str, Any]:
         return {
             "example": self.example,
@@ -48,6 +59,8 @@ class FrameworkBenchResult:
             "systems": self.summary(),
             "best_baseline": self.best_baseline(),
             "speedup_vs": self.speedups(),
+            "best_alone_s": self.best_alone(),
+            "teola_vs_best_alone": self.teola_vs_best_alone(),
             "server": self.server,
         }
 
@@ -58,6 +71,7 @@ class FrameworkBenchResult:
             title=f"{what}: {self.queries} queries, concurrency {self.concurrency}, "
             f"time scale {self.time_scale}, {self.batching} batching\n"
             f"Teola vs the best plain system ({best}): {self.speedups()[best]:.2f}x mean"
+            + _alone_line(self.best_alone(), self.teola_vs_best_alone())
         )
         for column in ("system", "mean s", "p50 s", "p99 s", "mean vs teola"):
             table.add_column(column, justify="right" if column != "system" else "left")
@@ -66,6 +80,36 @@ class FrameworkBenchResult:
             ratio = f"{speedups[name]:.2f}x" if name in speedups else "1.00x"
             table.add_row(name, f"{s['mean_s']:.2f}", f"{s['p50_s']:.2f}", f"{s['p99_s']:.2f}", ratio)
         return table
+
+
+def summary_table(results: Sequence[FrameworkBenchResult]) -> Table:
+    """One row per example: LangChain as written, the best plain system, Teola, and the ratios."""
+    first = results[0]
+    table = Table(
+        title=f"{len(results)} examples: {first.queries} queries each, concurrency {first.concurrency}, "
+        f"time scale {first.time_scale}, {first.batching} batching (mean latency, seconds)"
+    )
+    for column in ("example", "langchain", "best plain", "teola", "vs langchain", "vs best", "vs best alone"):
+        table.add_column(column, justify="left" if column == "example" else "right")
+    for r in results:
+        s, best = r.summary(), r.best_baseline()
+        alone = r.teola_vs_best_alone()
+        table.add_row(
+            r.example,
+            f"{s['langchain']['mean_s']:.2f}",
+            f"{s[best]['mean_s']:.2f} ({best})",
+            f"{s['teola']['mean_s']:.2f}",
+            f"{r.speedups()['langchain']:.2f}x",
+            f"{r.speedups()[best]:.2f}x",
+            "-" if alone is None else f"{alone:.2f}x",
+        )
+    return table
+
+
+def _alone_line(best: float | None, ratio: float | None) -> str:
+    if best is None or ratio is None:
+        return ""
+    return f"\nTeola's mean is {ratio:.2f}x the best one query alone ({best:.2f} s, for the critical path)"
 
 
 class TeolaVsLangChain:

@@ -64,6 +64,7 @@ class CallbackRecorder(BaseCallbackHandler):
 
     def __init__(self) -> None:
         self.events: list[Event] = []
+        self.stands_for: list[BaseCallbackHandler] = []  # the handlers the events will go to
 
 
 def _recording(name: str) -> Any:
@@ -80,6 +81,8 @@ for _name in IGNORE_FLAG:  # one recording method per event, so no manager falls
 
 def recording(manager: BaseCallbackManager, recorder: CallbackRecorder) -> BaseCallbackManager:
     """`manager` (a step's callback manager) with `recorder` as its only handler, inherited by every run under it."""
+    if not recorder.stands_for:
+        recorder.stands_for = list(manager.handlers)
     copy = manager.copy()
     copy.handlers = [recorder]
     copy.inheritable_handlers = [recorder]

@@ -65,6 +65,7 @@ class Observer(BaseCallbackHandler):
 
     run_inline = False  # see the module docstring
     raise_error = False
+    teola_structure_only = True  # it times runs, records none (`runs.records_runs`)
 
     def __init__(self, book: LatencyBook, clock: Callable[[], float] = time.perf_counter) -> None:
         self.book = book

@@ -29,6 +29,7 @@ from langchain_core.runnables.config import (
 
 from teola_core.engines.protocol import StreamResult
 from teola_langchain.context import OpenRun, QueryContext, StepRef
+from teola_langchain.models import language_model
 
 
 async def invoke_step(ctx: QueryContext, ref: StepRef, step: Runnable[Any, Any], value: Any) -> Any:
@@ -73,8 +74,15 @@ async def invoke_streaming(
     A chat model streams inside `invoke` when a streaming callback handler is attached
     (what LangGraph's message streaming relies on): `TokenTap` is one, added for this
     call only, so the call and its run are the invoke LangChain makes, and its tokens
-    reach Teola as they come. A model that cannot stream yields its text at the end.
+    reach Teola as they come. A model that cannot stream yields its text at the end, and
+    so does one whose streamed run would differ from its plain one where a handler records
+    it (`tap_leaves_same_run`).
     """
+    if not tap_leaves_same_run(step, ctx.step_config(ref)):
+        output = await invoke_step(ctx, ref, step, value)
+        yield text_of(output)
+        yield StreamResult(output)
+        return
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[str] = asyncio.Queue()
     tap = TokenTap(lambda token: loop.call_soon_threadsafe(queue.put_nowait, token))
@@ -84,20 +92,77 @@ async def invoke_streaming(
         call = asyncio.ensure_future(asyncio.to_thread(context.run, step.invoke, value, config))
     else:
         call = loop.create_task(step.ainvoke(value, config), context=context)
+    streamed = False
     while not call.done() or not queue.empty():
         token = asyncio.ensure_future(queue.get())
         await asyncio.wait({token, call}, return_when=asyncio.FIRST_COMPLETED)
         if token.done():
+            streamed = True
             yield token.result()
         else:
             token.cancel()
+    if not streamed:  # the model did not stream: its whole text at once
+        yield text_of(call.result())
     yield StreamResult(call.result())
+
+
+def text_of(output: Any) -> str:
+    """The text a model's output holds (a message's content, or an LLM's string)."""
+    from langchain_core.messages import BaseMessage
+
+    if isinstance(output, BaseMessage):
+        return output.text if isinstance(output.text, str) else output.text()
+    return output if isinstance(output, str) else str(output)
+
+
+def tap_leaves_same_run(step: Runnable[Any, Any], config: RunnableConfig) -> bool:
+    """Whether tapping `step`'s tokens leaves the run LangChain would record.
+
+    A tap makes a chat model call its streaming API, whose response can carry other
+    metadata than its plain one (an OpenAI-compatible server's token usage and response
+    id): that shows in the model's run whenever a handler records it. So the tap is
+    faithful when the model streams in `invoke` anyway (`streaming=True`, a `stream`
+    kwarg), when it is not a chat model (an LLM's `invoke` does not switch), or when no
+    handler would record the run (none attached, or only Teola's own bookkeeping).
+    """
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.tracers.context import tracing_v2_callback_var
+    from langsmith.utils import tracing_is_enabled
+
+    model = language_model(step)
+    if not isinstance(model, BaseChatModel) or streams_anyway(step, model):
+        return True
+    if tracing_v2_callback_var.get() is not None or tracing_is_enabled():
+        return False  # configuring the model's run adds LangSmith's tracer
+    callbacks = config.get("callbacks")
+    handlers = callbacks.handlers if isinstance(callbacks, BaseCallbackManager) else list(callbacks or [])
+    return not any(records_runs(h) for h in handlers)
+
+
+def streams_anyway(step: Runnable[Any, Any], model: Any) -> bool:
+    """The chat model calls its streaming API in `invoke` whatever handlers are attached."""
+    if getattr(model, "disable_streaming", False) is True:
+        return False
+    bound = getattr(step, "kwargs", None) if step is not model else None
+    return bool((bound or {}).get("stream")) or (
+        "streaming" in model.model_fields_set and getattr(model, "streaming", None) is True
+    )
+
+
+def records_runs(handler: BaseCallbackHandler) -> bool:
+    """A handler that may record what a run returns (not one of Teola's structural ones)."""
+    from teola_langchain.deferred_callbacks import CallbackRecorder
+
+    if isinstance(handler, CallbackRecorder):
+        return any(records_runs(h) for h in handler.stands_for)
+    return not getattr(handler, "teola_structure_only", False)
 
 
 class TokenTap(BaseCallbackHandler):
     """Hands each new token of the call it is attached to to `on_token` (see `invoke_streaming`)."""
 
     run_inline = True  # in the model's own thread or task, in order
+    teola_structure_only = True  # it records no run (`records_runs`)
 
     def __init__(self, on_token: Callable[[str], Any]) -> None:
         self._on_token = on_token
@@ -150,6 +215,7 @@ async def open_run(
     streaming: the input is not known yet; open the run as LangChain's streaming does
     (`{"input": ""}`) and record the input when it ends (`close_run(..., inputs=)`).
     """
+    deferred = {"defers_inputs": True} if streaming else {}  # tracers (LangSmith's) wait for the inputs
     if streaming:
         value = _STREAMING_INPUT
     if ref.scope is None and not ref.bound and ctx.root_run is not None:
@@ -160,7 +226,7 @@ async def open_run(
         config = ensure_config(config)
         manager = get_callback_manager_for_config(config)
         run = manager.on_chain_start(
-            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None), **deferred
         )
         return OpenRun(run, config, ref.scope)
 
@@ -168,7 +234,7 @@ async def open_run(
         config = ensure_config(config)
         manager = get_async_callback_manager_for_config(config)
         run = await manager.on_chain_start(
-            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None), **deferred
         )
         return OpenRun(run, config, ref.scope)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 
@@ -28,6 +29,7 @@ from teola_langchain.models import DEFAULT_MAX_TOKENS, language_model
 from teola_langchain.prompts import describe, is_prompt
 from teola_langchain.reads import reshapes_only
 from teola_langchain.retrievers import Decomposition
+from teola_langchain.runs import streams_anyway
 from teola_langchain.values import MISSING, DictValue, Ref, Sym
 
 
@@ -87,6 +89,14 @@ class StepNodes(GraphWriter):
         }
         if unit is not None:
             decode_config.update(split_unit=unit[0], expected_items=unit[1])
+            if isinstance(model, BaseChatModel) and not streams_anyway(r, model):
+                self._block(
+                    r,
+                    ref,
+                    "while a tracer or callbacks record the model's runs, its items go on only when it ends "
+                    "(its streamed response can carry other metadata, such as token usage, than its plain one)",
+                    "give the model streaming=True: plain LangChain then streams it too, and the traces stay equal",
+                )
         decode = self.b.decode(
             prefill,
             engine=engine,

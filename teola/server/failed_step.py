@@ -13,6 +13,7 @@ def failed_step_tracker() -> Any:
 
     class FailedStep(BaseCallbackHandler):
         run_inline = True  # bookkeeping only: no thread hop
+        teola_structure_only = True  # it records no run's output (decode pipelining may tap the model)
 
         def __init__(self) -> None:
             self.names: dict[Any, str] = {}

@@ -6,9 +6,11 @@
 Systems on one set of simulated servers, one after the other, the same inputs:
 `langchain` (`ainvoke`, a closed loop of `concurrency` workers), `langchain_abatch`,
 `langchain_<spelling>` for each of the example's `PLAIN_SPELLINGS` (the same chain written
-another way), and `teola`. Answers must equal LangChain's (`AnswerMismatch`). Overhead
-mode: `overhead_langchain` on zero-latency fakes. How each system is driven and what
-`alone_s` is: `docs/benchmarks.md`.
+another way), and `teola`. Every system runs with a tracer attached (`traces.TraceRecorder`,
+as a LangSmith user's would be): answers must equal LangChain's (`AnswerMismatch`), and so
+must the finished traces of `teola` and `langchain` (`TraceMismatch`). Overhead mode:
+`overhead_langchain` on zero-latency fakes. How each system is driven and what `alone_s`
+is: `docs/benchmarks.md`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -36,8 +39,13 @@ from teola_benchmarks.framework_result import (
 )
 from teola_benchmarks.framework_runs import Run, alternating_rounds, check_sizes, closed_loop, measure_systems
 from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
+from teola_benchmarks.langchain.traces import TraceRecorder, first_difference
 
 SYSTEMS = ("langchain", "langchain_abatch", "teola")
+
+
+class TraceMismatch(AssertionError):
+    """Teola's finished traces differ from LangChain's for the same inputs."""
 
 
 def example_module(name: str) -> ModuleType:
@@ -53,6 +61,7 @@ def bench_langchain(
     time_scale: float = 0.5,
     batching: Batching = "dynamic",
     options: dict[str, Any] | None = None,
+    traced: bool = True,
 ) -> FrameworkBenchResult:
     """Run the three systems on one example against one set of servers (see the module docstring)."""
     check_sizes(queries, concurrency)
@@ -70,12 +79,16 @@ def bench_langchain(
         }
         fast = teola.optimize(chain, **{**module.OPTIMIZE_OPTIONS, **(options or {})})
         try:
-            latencies, answers, alone = asyncio.run(
-                _measure(chain, fast, warmup, measured, concurrency, servers.root_url, spellings)
+            run = _measure(
+                chain, fast, warmup, measured, concurrency, servers.root_url, spellings, (llm, embeddings), traced
             )
+            latencies, answers, alone, traces = asyncio.run(run)
         finally:
             fast.close()
     check_equal(example, measured, answers, "langchain")
+    expected, got = traces["langchain"].trees(), traces["teola"].trees()
+    if expected != got:
+        raise TraceMismatch(f"{example}: teola's traces differ from langchain's: {first_difference(expected, got)}")
     server = server_figures(servers.backend, alone)
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
@@ -88,32 +101,52 @@ async def _measure(
     concurrency: int,
     root_url: str,
     spellings: dict[str, Runnable[Any, Any]],
-) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float]]:
+    clients: Sequence[Any] = (),
+    traced: bool = True,
+) -> tuple[dict[str, list[float]], dict[str, list[Any]], dict[str, float], dict[str, TraceRecorder]]:
     systems: dict[str, Runnable[Any, Any]] = {
         "langchain": chain,
         "langchain_abatch": chain,
         **{f"langchain_{name}": spelled for name, spelled in spellings.items()},
         "teola": fast,
     }
+    traces = {name: TraceRecorder() for name in systems}
+    configs = {name: {"callbacks": [recorder]} if traced else {} for name, recorder in traces.items()}
+    asks = {name: partial(systems[name].ainvoke, config=configs[name]) for name in systems}
     runs: dict[str, Run] = {
         name: (
-            (lambda r=runnable: _batches(r, inputs, concurrency))
+            (lambda r=systems[name], c=configs[name]: _batches(r, inputs, concurrency, c))
             if name == "langchain_abatch"
-            else (lambda r=runnable: closed_loop(r.ainvoke, inputs, concurrency))
+            else (lambda ask=asks[name]: closed_loop(ask, inputs, concurrency))
         )
-        for name, runnable in systems.items()
+        for name in systems
     }
-    return await measure_systems({name: (systems[name].ainvoke, run) for name, run in runs.items()}, warmup, root_url)
+    measured = await measure_systems({name: (asks[name], run) for name, run in runs.items()}, warmup, root_url)
+    for component in clients:  # closed on this loop, not when collected after it (another example's run)
+        await _close_async_client(component)
+    return (*measured, traces)
 
 
-async def _batches(runnable: Runnable[Any, Any], inputs: Sequence[Any], size: int) -> tuple[list[float], list[Any]]:
+async def _close_async_client(component: Any) -> None:
+    """Close the async OpenAI client of a langchain-openai model or embeddings object, if it has one."""
+    for attr in ("root_async_client", "async_client"):
+        client = getattr(component, attr, None)
+        client = getattr(client, "_client", client)  # a resource (`AsyncEmbeddings`) holds its client
+        close = getattr(client, "close", None)
+        if close is not None:
+            await close()
+
+
+async def _batches(
+    runnable: Runnable[Any, Any], inputs: Sequence[Any], size: int, config: Any = None
+) -> tuple[list[float], list[Any]]:
     """`abatch` on `size` queries at a time; each query's latency is its batch call's."""
     latencies: list[float] = []
     outputs: list[Any] = []
     for start in range(0, len(inputs), size):
         chunk = list(inputs[start : start + size])
         began = time.perf_counter()
-        outputs.extend(await runnable.abatch(chunk))
+        outputs.extend(await runnable.abatch(chunk, config))
         latencies.extend([time.perf_counter() - began] * len(chunk))
     return latencies, outputs
 

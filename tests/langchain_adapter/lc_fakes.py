@@ -22,11 +22,10 @@ from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from langchain_core.tracers.base import BaseTracer
-from langchain_core.tracers.schemas import Run
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from teola import optimize
+from teola_benchmarks.langchain.traces import TraceRecorder, first_difference, without_message_ids
 
 TOPICS = ["cats", "dogs", "rivers", "mountains", "jazz", "chess", "bread", "stars"]
 
@@ -127,15 +126,7 @@ def format_docs(docs: list[Document]) -> str:
     return "\n".join(d.page_content for d in docs)
 
 
-def normalize(value: Any) -> Any:
-    """Drop per-run message ids (LangChain names them after the run), keep everything else."""
-    if isinstance(value, BaseMessage):
-        return value.model_copy(update={"id": None})
-    if isinstance(value, list | tuple):
-        return type(value)(normalize(v) for v in value)
-    if isinstance(value, dict):
-        return type(value)({k: normalize(v) for k, v in value.items()})
-    return value
+normalize = without_message_ids  # drop per-run message ids, keep everything else
 
 
 def join_chunks(chunks: list[Any]) -> Any:
@@ -153,42 +144,6 @@ def join_chunks(chunks: list[Any]) -> Any:
 
 
 MODES = ("invoke", "ainvoke", "batch", "abatch", "stream", "astream")
-
-
-class RunRecorder(BaseTracer):
-    """Every finished root run, as LangSmith would receive it (a tree of `Run`s)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.roots: list[Run] = []
-
-    def _persist_run(self, run: Run) -> None:
-        self.roots.append(run)
-
-
-def run_tree(run: Run) -> tuple[Any, ...]:
-    """What a trace shows of a run and its children: names, types, tags, inputs, outputs, errors.
-
-    Children are compared as a sorted list (concurrent siblings may start in either order).
-    """
-    error = None if run.error is None else run.error.splitlines()[0]
-    children = sorted((run_tree(c) for c in run.child_runs), key=repr)
-    return (run.name, run.run_type, sorted(run.tags or []), _clean(run.inputs), _clean(run.outputs), error, children)
-
-
-def _clean(value: Any) -> Any:
-    """Run payloads without per-run ids (messages are named after their run), dicts in key order
-    (a streamed parallel adds up its branches' chunks in the order they finish)."""
-    text = repr(_sorted(normalize(value)))
-    return re.sub(r"(run-|lc_run--)[0-9a-f-]{36}(-\d+)?", "<run>", text)
-
-
-def _sorted(value: Any) -> Any:
-    if isinstance(value, dict):
-        return sorted((repr(k), _sorted(v)) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return [_sorted(v) for v in value]
-    return value
 
 
 def run_mode(runnable: Runnable[Any, Any], mode: str, inputs: list[Any], config: Any = None) -> Any:
@@ -218,12 +173,12 @@ async def _astream(runnable: Runnable[Any, Any], x: Any, config: Any = None) -> 
 
 def outcome(runnable: Runnable[Any, Any], mode: str, inputs: list[Any]) -> tuple[str, Any, list[Any]]:
     """("ok", outputs, run trees) or ("raised", the exception type, run trees)."""
-    recorder = RunRecorder()
+    recorder = TraceRecorder()
     try:
         status, value = "ok", run_mode(runnable, mode, inputs, {"callbacks": [recorder]})
     except Exception as exc:
         status, value = "raised", type(exc)
-    return status, value, sorted((run_tree(r) for r in recorder.roots), key=repr)
+    return status, value, recorder.trees()
 
 
 def assert_equivalent(
@@ -258,7 +213,7 @@ def assert_equivalent(
             assert got_status == status, f"{mode}: {got_status} {got!r}, expected {status} {expected!r}"
             if traces and (status == "ok" or mode in ("invoke", "stream", "astream")):
                 # (when concurrent queries raise, which of them have ended is a matter of timing)
-                assert got_runs == runs, f"{mode}: the traces differ:\n{_first_difference(runs, got_runs)}"
+                assert got_runs == runs, f"{mode}: the traces differ:\n{first_difference(runs, got_runs)}"
             if status == "raised":
                 assert got is expected, f"{mode}: raised {got}, expected {expected}"
                 continue
@@ -270,15 +225,3 @@ def assert_equivalent(
             assert normalize(got) == normalize(expected), f"{mode}: {got!r} != {expected!r}"
     finally:
         fast.close()
-
-
-def _first_difference(expected: Any, got: Any, path: str = "") -> str:
-    """Where two run trees first differ, for a readable failure."""
-    if type(expected) is not type(got) or not isinstance(expected, list | tuple):
-        return f"at {path or 'top'}: expected {expected!r}\n     got {got!r}"
-    if len(expected) != len(got):
-        return f"at {path or 'top'}: {len(expected)} entries expected, {len(got)} got: {got!r}"
-    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
-        if a != b:
-            return _first_difference(a, b, f"{path}/{i}")
-    return "(no difference)"
