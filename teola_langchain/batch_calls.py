@@ -24,7 +24,7 @@ from langchain_core.runnables.config import CallbackManager, get_async_callback_
 
 from teola_core.runtime.backends import RuntimePerLoop
 from teola_langchain.batching import BatchGroup
-from teola_langchain.context import OpenRun, QueryContext
+from teola_langchain.context import OpenRun, QueryContext, now_on
 from teola_langchain.steps import run_graph
 from teola_langchain.traced import SubGraph
 
@@ -71,6 +71,7 @@ async def run_queries(
     semaphore = asyncio.Semaphore(limit) if limit else None
     group = BatchGroup(len(inputs), return_exceptions) if roots is not None else None
     runtime = runtimes.current()
+    arrived = now_on(runtime)  # one batch: its queries arrive together, ties in input order
     contexts = [
         QueryContext(
             uuid4().hex,
@@ -81,6 +82,7 @@ async def run_queries(
             root_run=None if roots is None else roots[i],
             batch=group,
             batch_index=i,
+            arrival=arrived,
         )
         for i in range(len(inputs))
     ]

@@ -89,6 +89,8 @@ class QueryContext:
     caller: the caller's `contextvars.Context`, copied at the call; every step runs in a
     fresh copy of it, as every step of the original runs in its caller's context.
     root_run: a run the caller already opened for the graph's root composite (batch).
+    arrival: the call's arrival on the runtime's clock; nested queries (a map's elements, a
+    step started early) keep it, so engines serve them as part of the call they belong to.
     batch, batch_index, step: a `batch()` over a sequence (`batching.py`).
     """
 
@@ -103,6 +105,7 @@ class QueryContext:
     batch_index: int = 0
     step: int = 0  # the top-level step of a sequence this query has reached (batch errors)
     early: EarlyRun | None = None  # set while a step runs early: its callbacks are recorded
+    arrival: float | None = None  # when the call began (the runtime's clock): its nested queries' too
 
     def step_config(self, ref: StepRef) -> RunnableConfig:
         """The config LangChain passes to the step `ref` names.
@@ -162,3 +165,9 @@ class QueryContext:
             root_run=None,
             batch=None,
         )
+
+
+def now_on(runtime: Any) -> float | None:
+    """The runtime's clock now (None for a runtime without one: it then times queries itself)."""
+    now = getattr(runtime, "now", None)
+    return now() if callable(now) else None

@@ -47,7 +47,7 @@ from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.dropin import DropInBase
 from teola_langchain.batch_calls import abatch_results, aopen_roots, batch_results, open_roots, run_queries
 from teola_langchain.classes import class_of
-from teola_langchain.context import QueryContext
+from teola_langchain.context import QueryContext, now_on
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry
 from teola_langchain.explain import explain_plan
 from teola_langchain.learning import SpanLearner
@@ -205,7 +205,8 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
     async def _execute(
         self, plan: Plan, value: Any, config: RunnableConfig, sync: bool, caller: contextvars.Context
     ) -> Any:
-        ctx = QueryContext(uuid4().hex, config, sync, caller, self.runtimes.current())
+        runtime = self.runtimes.current()
+        ctx = QueryContext(uuid4().hex, config, sync, caller, runtime, arrival=now_on(runtime))
         return await run_graph(plan.traced.main, value, ctx)
 
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:

@@ -208,7 +208,9 @@ def run_map(sub: SubGraph) -> Step:
 async def run_graph(sub: SubGraph, value: Any, ctx: QueryContext) -> Any:
     """Run a traced graph for one input; on failure close its open runs and raise the step's error."""
     try:
-        outputs = await ctx.runtime.run(sub.graph, {"input": value, "context": ctx}, query_id=ctx.query_id, context=ctx)
+        outputs = await ctx.runtime.run(
+            sub.graph, {"input": value, "context": ctx}, query_id=ctx.query_id, arrival=ctx.arrival, context=ctx
+        )
     except PrimitiveError as exc:
         error = unwrap_error(exc)
     except BaseException as exc:

@@ -56,8 +56,8 @@ def add_demo_command(commands: Any) -> None:
         "--decode-batch",
         type=bounded_int(1, 4),
         default=None,
-        help="decodes teola.optimize lets llama.cpp step together (default: the max efficient batch "
-        "of the decode step, measured at start)",
+        help="decodes teola.optimize lets llama.cpp step together (default: as many of the ready ones "
+        "as the decode step's cost, measured at start and while running, says)",
     )
     parser.set_defaults(handler=demo)
 
@@ -136,7 +136,11 @@ def _print_result(console: Any, result: Any) -> None:
             console.print(fast.strip(), markup=False)
     p, t = result.plain, result.teola
     ps, ts = result.plain_stats, result.teola_stats
-    steps = "one at a time" if result.decode_batch == 1 else f"up to {result.decode_batch} at once"
+    if result.decode_batch is None:
+        taken = ", ".join(f"{count} of {n}" for n, count in sorted(result.teola_steps.items()))
+        steps = f"as the step cost says ({taken} sequences)"
+    else:
+        steps = "one at a time" if result.decode_batch == 1 else f"up to {result.decode_batch} at once"
     measured = ", ".join(f"{n}: {s * 1000:.0f} ms" for n, s in result.decode_step_s.items())
     lines = [
         "",
@@ -151,9 +155,24 @@ def _print_result(console: Any, result: Any) -> None:
         f"{ts['decode_steps']} decode steps",
         f"teola.optimize stepped decodes {steps}, earliest question first"
         + (f" (decode step by sequences, measured at start: {measured})" if measured else ""),
+        host_note(result.decode_step_s),
         f"llama.cpp: {result.llm_threads} thread per engine; teola.optimize used {result.llm_replicas} "
         "instance(s), plain LangChain's model 1",
         f"wrote {result.timeline} and {result.results}",
         f"Postgres data: {result.pgdata} (kept for the next run; the server stops when the demo exits)",
     ]
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+
+
+def host_note(step_s: dict[int, float]) -> str:
+    """One line on the trade this host's llama.cpp offers, from its measured decode steps."""
+    if not step_s or 1 not in step_s:
+        return "this host's decode step was not measured"
+    top = max(step_s)
+    extra = step_s[1] * top / step_s[top] - 1  # decode time one at a time beyond all together
+    line = (
+        f"on this host a decode step of {top} sequences costs {step_s[top] / step_s[1]:.1f}x a step of 1: "
+        f"one at a time (earliest question first) costs up to {extra:.0%} more decode time than all "
+        f"together; teola.optimize spends at most a tenth of the run's time so, for earlier answers"
+    )
+    return line

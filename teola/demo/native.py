@@ -60,7 +60,8 @@ class NativeChatEngine(Engine):
 
     Every call is its own batch and all may be in flight at once: the llama.cpp engine does
     them earliest query first and steps at most `decode_batch` decodes together (default:
-    the engine profile's max efficient decode batch, where throughput stops growing).
+    as many of the ready decodes as the engine's measured step cost says, `planner.step_size`:
+    the least mean latency that costs at most 3 % of total time against always batching).
     """
 
     kinds = LLM_KINDS
@@ -81,10 +82,14 @@ class NativeChatEngine(Engine):
         concurrency = sum(instance.limits.concurrency for instance in self.instances)
         self.limits = replace(self.inner.limits, max_batch_items=1, concurrency=concurrency)
         self.profile = self.inner.profile
-        self.decode_batch = decode_batch if decode_batch is not None else efficient_decode_batch(self.inner)
+        self.decode_batch = decode_batch  # None: each step's size from the measured step cost
         self._home: OrderedDict[str, int] = OrderedDict()  # query -> its instance (bounded)
         self._busy = [0] * len(self.instances)
         self._next = 0
+
+    @property
+    def _stepping(self) -> dict[str, Any]:
+        return {"decode_batch": self.decode_batch, "by_cost": self.decode_batch is None}
 
     def _native(self, call: Call) -> bool:
         return call.node.config.get("runnable", self.model) is self.model
@@ -109,7 +114,7 @@ class NativeChatEngine(Engine):
         port = _PROMPT_PORT.get(call.node.kind)
         if port is None:
             return call
-        return Call(call.query_id, call.node, {**call.inputs, port: _prompt_text(call.inputs[port])})
+        return replace(call, inputs={**call.inputs, port: _prompt_text(call.inputs[port])})
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
         results: list[CallResult | None] = [None] * len(calls)
@@ -131,7 +136,7 @@ class NativeChatEngine(Engine):
         for home, members in by_instance.items():
             self._busy[home] += 1
             try:
-                outcomes = await self.instances[home].run([c for _, c in members], decode_batch=self.decode_batch)
+                outcomes = await self.instances[home].run([c for _, c in members], **self._stepping)
             finally:
                 self._busy[home] -= 1
             for (i, _), outcome in zip(members, outcomes, strict=True):
@@ -148,21 +153,10 @@ class NativeChatEngine(Engine):
         home = self._instance(call)
         self._busy[home] += 1
         try:
-            async for delta in self.instances[home].stream(call, decode_batch=self.decode_batch):
+            async for delta in self.instances[home].stream(call, **self._stepping):
                 yield delta
         finally:
             self._busy[home] -= 1
-
-
-def efficient_decode_batch(engine: Any, tolerance: float = 0.2) -> int:
-    """The fewest sequences a decode step needs for `tolerance` of the best decode throughput
-    in the engine's profile (all its sequences without a decode curve). A step of more
-    sequences makes the first question's every token wait for the others', so it must buy
-    clearly more throughput (20%: more than the noise of a shared machine's measurement)."""
-    profile = engine.profile
-    if profile is None or "decode" not in profile.curves:
-        return int(engine.max_sequences)
-    return min(int(engine.max_sequences), profile.max_efficient_batch("decode", tolerance))
 
 
 def register_store_proof() -> None:

@@ -74,8 +74,10 @@ class DemoResult:
     pgdata: str  # the embedded Postgres data directory (or the DATABASE_URL server, redacted)
     plain_stats: dict[str, Any]
     teola_stats: dict[str, Any]
-    decode_batch: int  # decodes teola.optimize let llama.cpp step together
+    decode_batch: int | None  # decodes teola.optimize let llama.cpp step together (None: by the step cost)
     decode_step_s: dict[int, float] = field(default_factory=dict)  # measured step seconds by sequences
+    teola_steps: dict[int, int] = field(default_factory=dict)  # teola.optimize's decode steps by sequences
+    plain_steps: dict[int, int] = field(default_factory=dict)
     llm_threads: int = 1
     llm_replicas: int = 1
 
@@ -129,14 +131,14 @@ async def run_demo(
     torch_threads: torch's thread count while the demo runs (restored after; None: leave it).
     llm_threads: llama.cpp's threads per engine.
     llm_replicas: llama.cpp instances the optimized run spreads queries over (plain: one).
-    decode_batch: decodes teola.optimize lets llama.cpp step together (default: the max
-      efficient batch of the decode step measured at load).
+    decode_batch: decodes teola.optimize lets llama.cpp step together (default: as many of
+      the ready ones as the decode step's cost, measured at load and while running, says).
     paragraphs: the corpus to ingest (default: the bundled one).
     """
     import torch
 
     from teola.demo.components import ChatSmolLM, MiniLMEmbeddings, PgVectorCollection
-    from teola.demo.native import efficient_decode_batch, optimize_native
+    from teola.demo.native import optimize_native
     from teola_adapters.embeddings import SentenceTransformerEmbedder
     from teola_adapters.llamacpp import LlamaCppEngine, calibrate_decode
     from teola_adapters.pgvector import PgVectorStore
@@ -170,11 +172,10 @@ async def run_demo(
         for engine in engines:
             await _warm(ChatSmolLM(engine=engine, max_tokens=max_tokens))
         report.start("measuring llama.cpp's decode step")
-        step_s: dict[int, float] = {}
-        if decode_batch is None:
-            curve = await calibrate_decode(teola_engine)
-            step_s = {int(n): s for n, s in curve.points}
-            decode_batch = efficient_decode_batch(teola_engine)
+        curve = await calibrate_decode(teola_engine)
+        step_s = {int(n): s for n, s in curve.points}
+        for replica in engines[2:]:
+            await calibrate_decode(replica)
 
         report.start("loading MiniLM, starting Postgres")
         embedder = SentenceTransformerEmbedder()
@@ -242,6 +243,8 @@ async def run_demo(
             teola_stats=_summed([asdict(e.stats) for e in engines[1:]]),
             decode_batch=decode_batch,
             decode_step_s=step_s,
+            teola_steps=_summed([e.steps_by_size for e in engines[1:]]),
+            plain_steps=dict(plain_engine.steps_by_size),
             llm_threads=llm_threads,
             llm_replicas=llm_replicas,
         )
@@ -261,9 +264,10 @@ def _run(label: str, work: list[Any], calls: list[Any], began: float, times: Run
     return Run(label, bars, times.per_question_s, times.total_s)
 
 
-def _summed(stats: list[dict[str, Any]]) -> dict[str, Any]:
+def _summed(stats: list[dict[Any, Any]]) -> dict[Any, Any]:
     """Engine stats added up over the instances of one run."""
-    return {key: sum(s[key] for s in stats) for key in stats[0]}
+    keys = {key: None for s in stats for key in s}
+    return {key: sum(s.get(key, 0) for s in stats) for key in sorted(keys)}
 
 
 def _write_results(result: DemoResult) -> None:
@@ -280,6 +284,8 @@ def _write_results(result: DemoResult) -> None:
         "teola_llm_stats": result.teola_stats,
         "decode_batch": result.decode_batch,
         "decode_step_s": result.decode_step_s,
+        "teola_steps_by_sequences": result.teola_steps,
+        "plain_steps_by_sequences": result.plain_steps,
         "collection": result.collection,
         "pgdata": result.pgdata,
         "llm_threads": result.llm_threads,

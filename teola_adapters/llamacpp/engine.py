@@ -140,23 +140,27 @@ class LlamaCppEngine(Engine, KVRetention):
         return self.llm.n_ctx
 
     # -- the protocol ----------------------------------------------------------------
-    async def run(self, calls: Sequence[Call], *, decode_batch: int | None = None) -> list[CallResult]:
+    async def run(
+        self, calls: Sequence[Call], *, decode_batch: int | None = None, by_cost: bool = False
+    ) -> list[CallResult]:
         """Every call on the worker thread; a failing call fails alone.
 
         decode_batch: the most decodes one step of these calls' decodes may hold (default:
-        `max_sequences`, every running decode). Work is done earliest query first.
+        `max_sequences`, every running decode). by_cost: each step holds as many of the ready
+        decodes as the measured step cost says (`planner.step_size`; needs `step_costs`, as
+        `calibrate_decode` sets them). Work is done earliest query first.
         """
         cap = self._cap(decode_batch)
         cancel = threading.Event()
-        futures = [asyncio.wrap_future(self._submit(Job(call, cancel, cap))) for call in calls]
+        futures = [asyncio.wrap_future(self._submit(Job(call, cancel, cap, by_cost))) for call in calls]
         try:
             return list(await asyncio.gather(*futures, return_exceptions=True))
         except asyncio.CancelledError:
             cancel.set()  # running decodes stop at their next token
             raise
 
-    async def stream(self, call: Call, *, decode_batch: int | None = None) -> AsyncIterator[str]:
-        """A decode's text as deltas, each sent as its token is produced (no polling)."""
+    async def stream(self, call: Call, *, decode_batch: int | None = None, by_cost: bool = False) -> AsyncIterator[str]:
+        """A decode's text as deltas, each sent as its token is produced (no polling); the options as for `run`."""
         check_streamable(call, self.name)
         cap = self._cap(decode_batch)
         loop = asyncio.get_running_loop()
@@ -169,7 +173,7 @@ class LlamaCppEngine(Engine, KVRetention):
             except RuntimeError:  # the consumer's loop is closed: stop generating
                 cancel.set()
 
-        future = self._submit(Job(call, cancel, cap, emit=send))
+        future = self._submit(Job(call, cancel, cap, by_cost, emit=send))
         future.add_done_callback(lambda _: send(None))  # after every delta (same thread, same order)
         try:
             while (item := await queue.get()) is not None:
@@ -185,6 +189,17 @@ class LlamaCppEngine(Engine, KVRetention):
         await asyncio.to_thread(self._worker.close)
         self.cache.clear()
         self.llm.close()
+
+    @property
+    def step_costs(self) -> dict[int, float]:
+        """Seconds of one decode step by sequences stepped: measured (`calibrate_decode`) and
+        refreshed by every step since; empty until measured."""
+        return self._worker.step_costs
+
+    @property
+    def steps_by_size(self) -> dict[int, int]:
+        """Decode steps taken so far, by how many sequences each stepped."""
+        return self._worker.steps_by_size
 
     async def forget(self) -> None:
         """Drop every saved state, hold and idle sequence's content: the next prompts are

@@ -1,7 +1,7 @@
 """What the llama.cpp worker does next: one chunk of a prefill, or one decode step (pure).
 
-Work is ranked by `(query, class, order)`: the query's first appearance at the engine
-(earliest query first, as Teola's topology-aware policy orders queries), then its class
+Work is ranked by `(query, class, order)`: the query's arrival, then its first appearance
+at the engine (earliest query first, as Teola's topology-aware policy orders queries), then its class
 (a partial prefill, work that only fills idle time, after the query's other work), then
 the order it was handed in. A decode may step with at most `cap` sequences (its caller's choice: every
 running decode, as llama.cpp's server does, or the profile's max efficient batch).
@@ -10,19 +10,27 @@ running decode, as llama.cpp's server does, or the profile's max efficient batch
   a waiting decode joins only if a sequence is free for it.
 - A prefill (the one begun, else the best-ranked) runs its next chunk instead of the step
   when it ranks before the step's first decode, or when the step has room for more
-  decodes (so the decode it prepares can join). Otherwise the step runs.
+  decodes (so the decode it prepares can join; for decodes stepped by cost, only where a
+  step of one more would pay). Otherwise the step runs.
 
     plan([Work((0, 3))], [Work((0, 1), cap=1, running=True)], free=2)
     # -> Plan(step=(Work((0, 1), ...),), prefill=None): the decode was handed in first
+
+A caller may instead let the step's size follow the measured cost of a step by sequence
+count (`Work.by_cost`, `step_size`): of the ready decodes, the best-ranked k step
+together, k chosen for the least mean completion; the worker keeps the time that costs
+beyond always stepping every ready decode together (what a server that batches gets,
+`extra_seconds`) within a budget, and steps them all once it is spent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
-Rank = tuple[int, ...]  # lower first: (query's first appearance, ..., order handed in)
+Rank = tuple[float, ...]  # lower first: (query's arrival, first appearance, ..., order handed in)
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,28 +41,44 @@ class Work:
     cap: int = 1  # decodes: the most sequences it may step with
     running: bool = False  # decodes: holds a sequence (else waits for one)
     item: Any = field(default=None, repr=False)
+    by_cost: bool = False  # decodes: the step's size follows the step cost (`step_size`)
 
 
 @dataclass(frozen=True)
 class Plan:
     step: tuple[Work, ...] = ()  # decodes to advance one token together (waiting ones first take a sequence)
     prefill: Work | None = None  # or the prefill to advance one chunk
+    ready: int = 0  # decodes the step could have held (before a by-cost step took fewer)
 
     @property
     def idle(self) -> bool:
         return not self.step and self.prefill is None
 
 
-def plan(prefills: Sequence[Work], decodes: Sequence[Work], free: int, begun: Work | None = None) -> Plan:
+def plan(
+    prefills: Sequence[Work],
+    decodes: Sequence[Work],
+    free: int,
+    begun: Work | None = None,
+    size: Callable[[int], int] | None = None,
+) -> Plan:
     """The next action (see the module doc). `free`: sequences nobody holds; `begun`: the
-    prefill that has evaluated some chunks and holds a sequence (it runs before other prefills)."""
+    prefill that has evaluated some chunks and holds a sequence (it runs before other prefills);
+    `size`: how many of n ready decodes to step, for decodes that step `by_cost`."""
     step = _step(decodes, free)
+    ready = len(step)
+    by_cost = size is not None and any(d.by_cost for d in step)
+    if by_cost:
+        step = step[: max(1, min(len(step), size(len(step))))]  # type: ignore[misc]
     prefill = begun if begun is not None else min(prefills, key=lambda w: w.rank, default=None)
     if prefill is not None:
+        # room: the decode the prefill prepares would join the step (by cost: only if that pays)
         room = bool(step) and len(step) < min(d.cap for d in step)
+        if by_cost:
+            room = room and size(len(step) + 1) > len(step)  # type: ignore[misc]
         if not step or prefill.rank < step[0].rank or room:
             return Plan(prefill=prefill)
-    return Plan(step=step)
+    return Plan(step=step, ready=ready)
 
 
 def _step(decodes: Sequence[Work], free: int) -> tuple[Work, ...]:
@@ -73,3 +97,53 @@ def _step(decodes: Sequence[Work], free: int) -> tuple[Work, ...]:
         chosen.append(decode)
         cap = limit
     return tuple(chosen)
+
+
+def step_size(n: int, cost: Callable[[int], float], slack: float | None = None) -> int:
+    """How many of `n` ready decodes (best-ranked first) to step together: the k whose schedule
+    "groups of k in rank order, each to the end" (equal lengths) has the least mean completion
+    (ties: the larger k, fewer steps). With `slack`, only among the k whose total is within
+    `slack` of stepping all n together."""
+    if n <= 1:
+        return n
+    best_k, best_mean = n, _mean_completion(n, n, cost)
+    for k in range(n - 1, 0, -1):
+        sizes = [k] * (n // k) + ([n % k] if n % k else [])
+        if slack is not None and sum(cost(s) for s in sizes) > (1 + slack) * cost(n):
+            continue
+        mean = _mean_completion(n, k, cost)
+        if mean < best_mean - 1e-12:
+            best_k, best_mean = k, mean
+    return best_k
+
+
+def extra_seconds(k: int, n: int, cost: Callable[[int], float]) -> float:
+    """What stepping k of n ready decodes costs beyond their share of a step of all n (>= 0)."""
+    return max(0.0, cost(k) - k * cost(n) / n)
+
+
+def _mean_completion(n: int, k: int, cost: Callable[[int], float]) -> float:
+    done, elapsed, left = 0.0, 0.0, n
+    while left > 0:
+        group = min(k, left)
+        elapsed += cost(group)
+        done += group * elapsed
+        left -= group
+    return done / n
+
+
+def cost_curve(points: Mapping[int, float]) -> Callable[[int], float]:
+    """Step seconds by sequence count from measured points: linear between them, and per
+    sequence as at the nearest measured count beyond them."""
+    known = sorted((int(k), float(v)) for k, v in points.items() if k >= 1)
+    if not known:
+        raise ValueError("a cost curve needs at least one measured point")
+
+    def cost(k: int) -> float:
+        for (k0, v0), (k1, v1) in pairwise(known):
+            if k0 <= k <= k1:
+                return v0 + (v1 - v0) * (k - k0) / (k1 - k0)
+        edge_k, edge_v = known[0] if k < known[0][0] else known[-1]
+        return edge_v * k / edge_k
+
+    return cost

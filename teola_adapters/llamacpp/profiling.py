@@ -100,8 +100,9 @@ async def measure_profile(
 
 
 async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: int = 5) -> Curve:
-    """Measure one decode step of 1, 2, 4, … up to max_sequences sequences now, on this machine
-    and thread count, and install it as the profile's `decode` curve (`max_efficient_batch`).
+    """Measure one decode step of 1, 2, … up to max_sequences sequences now, on this machine
+    and thread count; install it as the profile's `decode` curve (`max_efficient_batch`) and
+    as the engine's `step_costs` (what decodes stepped by cost choose their step size from).
 
     Every step is timed on its own, sizes interleaved round after round, and the fastest
     step of each size counts: on a shared machine other processes only ever add time to a
@@ -112,7 +113,7 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: in
         raise ValueError(f"steps and rounds must be >= 1, got {steps} and {rounds}")
     prompt = engine.tokenize(" ".join(_WORDS * 8))[: engine.chunk]
     top = engine.max_sequences
-    sizes = sorted({top, *(2**k for k in range(top.bit_length()) if 2**k < top)})
+    sizes = list(range(1, top + 1))
 
     def measure() -> dict[int, float]:
         seqs, llm = engine.sequences, engine.llm
@@ -137,7 +138,15 @@ async def calibrate_decode(engine: LlamaCppEngine, *, steps: int = 3, rounds: in
                 seqs.empty(slot)
         return fastest
 
-    curve = Curve(tuple((await engine.run_task(measure)).items()))
+    fastest = await engine.run_task(measure)
+    await engine.run_task(lambda: _install(engine.step_costs, fastest))  # on the worker: it reads them
+    curve = Curve(tuple(fastest.items()))
     curves = dict(engine.profile.curves) if engine.profile is not None else {}
     engine.profile = LatencyProfile(engine.name, {**curves, "decode": curve})
     return curve
+
+
+def _install(costs: dict[int, float], measured: dict[int, float]) -> None:
+    """Decodes stepped by cost start from these step seconds (`LlamaCppEngine.step_costs`)."""
+    costs.clear()
+    costs.update(measured)

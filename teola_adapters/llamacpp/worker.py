@@ -23,12 +23,13 @@ from typing import Any
 
 from teola_adapters._llm import DECODES
 from teola_adapters.llamacpp.generation import Generation
-from teola_adapters.llamacpp.planner import Plan, Rank, Work, plan
+from teola_adapters.llamacpp.planner import Plan, Rank, Work, cost_curve, extra_seconds, plan, step_size
 from teola_adapters.llamacpp.sequences import Chunks, Sequences, Slot, drain
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
 _RANKED_QUERIES = 4096  # queries whose rank the worker remembers (the oldest are forgotten)
+STEP_SLACK = 0.10  # decodes stepped by cost: at most this share of busy time beyond always batching
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Job:
     call: Call | None
     cancel: threading.Event
     cap: int = 1  # a decode: the most sequences it may step with
+    by_cost: bool = False  # a decode: its steps' size follows the measured step cost (`planner.step_size`)
     emit: Callable[[str], None] | None = None  # a streamed decode's deltas
     task: Callable[[], Any] | None = None
     future: Future[Any] = field(default_factory=Future)
@@ -98,7 +100,13 @@ class Worker:
         self._begun: _Prefill | None = None
         self._decodes: list[_Decode] = []
         self._ranks: OrderedDict[str, int] = OrderedDict()  # query id -> first appearance
+        self._arrivals: dict[str, float] = {}  # query id -> its arrival (`Call.arrival`)
         self._order = itertools.count()
+        self.step_costs: dict[int, float] = {}  # seconds of a decode step by sequences (measured, refreshed)
+        self._busy_since = time.perf_counter()  # the start of this busy period (the step budget's base)
+        self._extra = 0.0  # seconds spent in this busy period beyond stepping every ready decode together
+        self._ready = 0  # decodes the last planned step could have held
+        self.steps_by_size: dict[int, int] = {}  # decode steps taken, by sequences stepped
         self._wake = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=f"teola-{name}", daemon=True)
@@ -127,8 +135,11 @@ class Worker:
         try:
             while True:
                 with self._wake:
+                    if not self._busy():  # a new busy period: a new step budget
+                        self._busy_since, self._extra = time.perf_counter(), 0.0
                     while not (self._busy() or self._closed):
                         self._wake.wait()
+                        self._busy_since = time.perf_counter()
                     if self._closed and not self._busy():
                         return
                     jobs = list(self._jobs)
@@ -143,26 +154,45 @@ class Worker:
 
     def _plan(self) -> Plan:
         prefills = [Work(p.rank, item=p) for p in self._prefills]
-        decodes = [Work(d.rank, d.job.cap, d.slot is not None, d) for d in self._decodes]
+        decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
         begun = None if self._begun is None else Work(self._begun.rank, item=self._begun)
         reserve = 0 if begun is not None else 1  # a sequence for the next prefill
-        return plan(prefills, decodes, max(0, self.seqs.free() - reserve), begun)
+        size = None
+        if self.step_costs:
+            cost = cost_curve(self.step_costs)
+            size = lambda n: self._step_size(n, cost)  # noqa: E731
+        return plan(prefills, decodes, max(0, self.seqs.free() - reserve), begun, size)
+
+    def _step_size(self, n: int, cost: Callable[[int], float]) -> int:
+        """The mean-latency best step of n ready decodes, while what it costs beyond stepping all
+        n stays within `STEP_SLACK` of the time busy so far; all n once that budget is spent."""
+        k = step_size(n, cost)
+        extra = extra_seconds(k, n, cost)
+        if extra <= 0 or self._extra + extra <= STEP_SLACK * (time.perf_counter() - self._busy_since):
+            return k
+        return n
 
     def _do(self, action: Plan) -> None:
         if action.prefill is not None:
             self._advance_prefill(action.prefill.item)
         elif action.step:
+            self._ready = action.ready
             self._step([w.item for w in action.step])
 
     def _rank(self, call: Call) -> Rank:
-        """(query's first appearance, class, order): a partial prefill goes after its query's
-        other work (it prepares a later step: the decode the query waits for comes first)."""
+        """(query's arrival, its first appearance here, class, order): earliest query first,
+        ties in the order queries came; a partial prefill goes after its query's other work
+        (it prepares a later step: the decode the query waits for comes first). A call
+        without an arrival (a direct caller's) counts as arriving when first seen here."""
         first = self._ranks.get(call.query_id)
         if first is None:
             first = self._ranks[call.query_id] = next(self._order)
+            self._arrivals[call.query_id] = call.arrival if call.arrival is not None else time.monotonic()
             if len(self._ranks) > _RANKED_QUERIES:
-                self._ranks.popitem(last=False)
-        return (first, int(call.node.kind == PrimitiveKind.PARTIAL_PREFILL), next(self._order))
+                forgotten, _ = self._ranks.popitem(last=False)
+                self._arrivals.pop(forgotten, None)
+        arrival = self._arrivals[call.query_id]
+        return (arrival, first, int(call.node.kind == PrimitiveKind.PARTIAL_PREFILL), next(self._order))
 
     def _take(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():
@@ -230,8 +260,18 @@ class Worker:
                     decode.gen.logits = logits
                     decode.gen.pos += 1
                 self.stats.decode_steps += 1
+                self._measured(len(going), time.perf_counter() - began)
         self.stats.decode_s += time.perf_counter() - began
         self._report("decode", began, [d.job for d in step])
+
+    def _measured(self, n: int, seconds: float) -> None:
+        """A step of `n` sequences took `seconds`: count it, and refresh the cost curve slowly (a
+        moving average of weight 1/20: one step slowed by another process barely moves it)."""
+        self.steps_by_size[n] = self.steps_by_size.get(n, 0) + 1
+        if self.step_costs:
+            self._extra += extra_seconds(n, max(n, self._ready), cost_curve(self.step_costs))
+            known = self.step_costs.get(n)
+            self.step_costs[n] = seconds if known is None else 0.95 * known + 0.05 * seconds
 
     def _report(self, kind: str, began: float, jobs: Sequence[Job]) -> None:
         if self._on_work is not None:

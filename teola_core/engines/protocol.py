@@ -33,12 +33,15 @@ class Call:
 
     context: what the query's caller gave `Runtime.run(..., context=)` — per-query state an
     engine over a framework's object needs (e.g. the caller's callbacks); None otherwise.
+    arrival: when the query arrived (the runtime's clock; None: not known), so an engine
+    that orders work itself serves earlier queries first, ties by the order they came.
     """
 
     query_id: str
     node: Node
     inputs: Mapping[str, Any]
     context: Any = field(default=None, compare=False, repr=False)
+    arrival: float | None = field(default=None, compare=False)
 
     @property
     def items(self) -> int:

@@ -161,7 +161,7 @@ class NodeReady:
         )
 
     def call(self) -> Call:
-        return Call(self.query_id, self.node, self.inputs)
+        return Call(self.query_id, self.node, self.inputs, arrival=self.arrival)
 
     @property
     def solo(self) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from teola_adapters.llamacpp.planner import Plan, Work, plan
+import pytest
+
+from teola_adapters.llamacpp.planner import Plan, Work, cost_curve, extra_seconds, plan, step_size
 
 
 def decode(query: int, order: int, cap: int = 4, running: bool = True) -> Work:
@@ -45,7 +47,7 @@ def test_a_prefill_of_an_earlier_query_runs_before_the_step() -> None:
 
 def test_a_prefill_of_a_later_query_waits_while_the_step_is_full() -> None:
     step = decode(0, 1, cap=1)
-    assert plan([prefill(1, 2)], [step], free=1) == Plan(step=(step,))
+    assert plan([prefill(1, 2)], [step], free=1) == Plan(step=(step,), ready=1)
 
 
 def test_a_prefill_fills_a_step_with_room_even_for_a_later_query() -> None:
@@ -61,9 +63,63 @@ def test_the_begun_prefill_goes_on_before_other_prefills() -> None:
 
 def test_an_earlier_decode_preempts_a_begun_prefill_between_chunks() -> None:
     begun, urgent = prefill(2, 3), decode(0, 9, cap=1, running=False)
-    assert plan([], [urgent], free=1, begun=begun) == Plan(step=(urgent,))
+    assert plan([], [urgent], free=1, begun=begun) == Plan(step=(urgent,), ready=1)
 
 
 def test_nothing_to_do_is_idle() -> None:
     assert plan([], [], free=3).idle
     assert plan([], [decode(0, 1, running=False)], free=0).idle
+
+
+# -- step size from the measured step cost -------------------------------------------------
+def test_where_a_step_of_two_costs_two_of_one_the_earliest_query_goes_alone() -> None:
+    costs = cost_curve({1: 0.012, 2: 0.024, 4: 0.039})  # measured here: 4 together pay a little, 2 not at all
+    assert [step_size(n, costs) for n in (1, 2, 3, 4)] == [1, 1, 1, 1]
+    assert [step_size(n, costs, slack=0.03) for n in (1, 2, 3, 4)] == [1, 1, 3, 4]  # held to the total
+
+
+def test_where_batching_pays_decodes_step_in_pairs_or_all_together() -> None:
+    costs = cost_curve({1: 0.016, 2: 0.022, 4: 0.036})  # another 2-core host: a step of 4 costs 2.25 of 1
+    assert [step_size(n, costs) for n in (1, 2, 3, 4)] == [1, 2, 2, 3]
+    assert [step_size(n, costs, slack=0.03) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+
+
+def test_the_extra_a_smaller_step_costs_is_its_loss_against_all_together() -> None:
+    costs = cost_curve({1: 0.012, 2: 0.024, 4: 0.039})
+    assert extra_seconds(1, 2, costs) == pytest.approx(0.0)  # two together cost two alone
+    assert extra_seconds(1, 4, costs) == pytest.approx(0.012 - 0.039 / 4)
+    assert extra_seconds(4, 4, costs) == 0.0
+
+
+def test_where_batching_buys_nothing_decodes_go_one_at_a_time() -> None:
+    costs = cost_curve({1: 0.010, 2: 0.025, 4: 0.040})
+    assert [step_size(n, costs, slack=0.03) for n in (2, 3, 4)] == [1, 1, 1]
+
+
+def test_the_chosen_schedule_is_never_slower_in_total_than_batching_beyond_the_slack() -> None:
+    for points in ({1: 10, 2: 19, 3: 27, 4: 34}, {1: 10, 2: 20, 3: 30, 4: 40}, {1: 10, 2: 11, 3: 12, 4: 13}):
+        costs = cost_curve(points)
+        for n in (2, 3, 4):
+            k = step_size(n, costs, slack=0.03)
+            groups = [k] * (n // k) + ([n % k] if n % k else [])
+            assert sum(costs(g) for g in groups) <= 1.03 * costs(n)
+
+
+def test_cost_curve_interpolates_between_measured_counts() -> None:
+    costs = cost_curve({1: 10.0, 4: 40.0})
+    assert costs(2) == pytest.approx(20.0) and costs(8) == pytest.approx(80.0)
+    with pytest.raises(ValueError):
+        cost_curve({})
+
+
+def test_a_by_cost_step_takes_the_size_the_curve_chooses_best_ranked_first() -> None:
+    ds = [Work((0, 1), 4, True, by_cost=True), Work((1, 2), 4, True, by_cost=True), Work((2, 3), 4, True, by_cost=True)]
+    assert plan([], ds, free=0, size=lambda n: 1).step == (ds[0],)
+    plain = [Work((0, 1), 4, True), Work((1, 2), 4, True)]
+    assert plan([], plain, free=0, size=lambda n: 1).step == tuple(plain)  # not by cost: every ready decode
+
+
+def test_by_cost_a_later_prefill_waits_unless_its_decode_joining_would_pay() -> None:
+    step, later = Work((0, 1), 4, True, by_cost=True), prefill(1, 2)
+    assert plan([later], [step], free=1, size=lambda n: 1) == Plan(step=(step,), ready=1)  # 2 would not pay
+    assert plan([later], [step], free=1, size=lambda n: n) == Plan(prefill=later)  # it would: fill the step

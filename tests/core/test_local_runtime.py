@@ -654,3 +654,32 @@ if __name__ == "__main__":  # PYTHONPATH=tests python tests/core/test_local_runt
     for fresh_graphs in (True, False):
         label = "a graph per query" if fresh_graphs else "one shared graph"
         print(f"{dispatch_rate(2000, fresh_graphs):,.0f} primitive dispatches/s ({label})")
+
+
+def test_engines_see_each_call_with_its_querys_arrival() -> None:
+    """An engine that orders work itself (llama.cpp's) serves earlier queries first: every call
+    carries its query's arrival, and a nested query given its parent's arrival keeps it."""
+    seen: list[tuple[str, float | None]] = []
+
+    class Recording(Engine):
+        name = "rec"
+        limits = EngineLimits(max_batch_items=4)
+
+        async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+            seen.extend((c.query_id, c.arrival) for c in calls)
+            return [{"vectors": [[1.0]]} for _ in calls]
+
+    b = GraphBuilder("g")
+    b.output(out=b.embed(b.input("texts"), engine="rec"))
+    graph = b.build()
+
+    async def main() -> None:
+        runtime = LocalRuntime(EngineSet().add(Recording()))
+        await runtime.run(graph, {"texts": ["a"]}, query_id="q1", arrival=5.0)
+        await runtime.run(graph, {"texts": ["b"]}, query_id="q1/nested", arrival=5.0)
+        await runtime.run(graph, {"texts": ["c"]}, query_id="q2")
+        await runtime.close()
+
+    asyncio.run(main())
+    assert seen[:2] == [("q1", 5.0), ("q1/nested", 5.0)]
+    assert seen[2][0] == "q2" and isinstance(seen[2][1], float)  # arrived now, on the runtime's clock

@@ -110,6 +110,20 @@ def test_left_alone_where_it_does_not_pay_or_cannot_be_known() -> None:
     assert optimize(graph, shared) is graph  # one device: the pre-scoring would only take turns with the embedding
     guarded = rag(guarded=True)
     assert optimize(guarded, ctx()) is guarded  # inside a branch: it would run whether taken or not
+    assert optimize(graph, ctx(rerank_seconds=2.0)) is graph  # it fits once, not with headroom for load
+
+
+def test_a_reranker_that_scores_its_list_as_a_whole_is_left_alone() -> None:
+    """A softmax-normalised or listwise reranker declares itself not splittable: the score of a
+    text depends on the others in its list, so scores of all ingested texts would differ."""
+    from dataclasses import replace
+
+    graph = rag()
+    editor = graph.edit()
+    rerank = graph.nodes["rerank"]
+    editor.replace_node(replace(rerank, caps=replace(rerank.caps, splittable=False)))
+    listwise = editor.freeze()
+    assert optimize(listwise, ctx()) is listwise
 
 
 def test_a_rerank_of_anything_but_searched_hits_is_left_alone() -> None:

@@ -131,7 +131,9 @@ def test_demo_answers_equal_plain_and_optimized_and_draws_the_timeline(pgdata, t
     assert result.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads(result.results.read_text(encoding="utf-8"))
     assert saved["answers_equal"] is True and saved["plain_s"]["total_s"] > 0
-    assert saved["decode_batch"] == result.decode_batch >= 1 and set(saved["decode_step_s"]) == {"1", "2", "4"}
+    assert saved["decode_batch"] is result.decode_batch is None  # each step's size from the measured cost
+    assert set(saved["decode_step_s"]) == {"1", "2", "3", "4"}
+    assert sum(saved["teola_steps_by_sequences"].values()) == result.teola_stats["decode_steps"]
     # the optimized run split the answer prompt's prefill and pipelined the expansion's decode
     assert result.teola_stats["prefills"] > result.plain_stats["prefills"]
     # every phase named, the runs counted per question, the corpus ingested in full
@@ -178,20 +180,3 @@ def test_native_chat_engine_matches_the_model_and_leaves_bindings_to_langchain()
     (plain, fast), (plain_stop, fast_stop) = asyncio.run(both())
     assert plain == fast and plain.strip()
     assert plain_stop == fast_stop and "." not in plain_stop
-
-
-def test_teola_steps_the_fewest_decodes_that_reach_most_of_the_best_throughput() -> None:
-    pytest.importorskip("langchain_core")
-    from types import SimpleNamespace
-
-    from teola.demo.native import efficient_decode_batch
-    from teola_core.profiles.profile import Curve, LatencyProfile
-
-    def engine(points):
-        curves = {"decode": Curve(points)} if points else {}
-        return SimpleNamespace(max_sequences=4, profile=LatencyProfile("llm", curves))
-
-    assert efficient_decode_batch(engine(((1, 0.007), (2, 0.018), (4, 0.031)))) == 1  # CPU, one thread: no gain
-    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.011), (4, 0.013)))) == 4  # batching nearly free
-    assert efficient_decode_batch(engine(((1, 0.010), (2, 0.012), (4, 0.030)))) == 2
-    assert efficient_decode_batch(engine(())) == 4  # no decode curve: every running decode
