@@ -25,11 +25,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import uuid4
 
+from langchain_core.callbacks import BaseCallbackManager
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import _set_config_context, merge_configs, patch_config
 
 from teola_langchain.batching import BatchGroup
-from teola_langchain.deferred_callbacks import CallbackRecorder, is_recording, recording, without_tracing
+from teola_langchain.deferred_callbacks import CallbackRecorder, is_recording, recording, records_only, without_tracing
 
 BoundConfigs = tuple[RunnableConfig, ...]
 
@@ -48,6 +49,27 @@ class StepRef:
         return replace(self, bound=(*bound, *self.bound)) if bound else self
 
 
+@dataclass(eq=False)
+class Deferred:
+    """A run opened before the chain reached it: its callbacks go to `recorder` until then.
+
+    live: the callback manager it was opened under (whose handlers get the recording);
+    placeholder: the input it was opened with, swapped for `input` (its real input, set
+    when the chain reaches it; `runs.NO_INPUTS` until then) when the recording is handed on.
+    """
+
+    recorder: CallbackRecorder
+    live: Any
+    placeholder: Any
+    input: Any = None
+
+    def __post_init__(self) -> None:
+        from teola_langchain.runs import NO_INPUTS
+
+        if self.input is None:
+            self.input = NO_INPUTS
+
+
 @dataclass
 class OpenRun:
     """A composite's callback run, open while its children run.
@@ -61,6 +83,7 @@ class OpenRun:
     config: RunnableConfig
     parent: str | None
     kind: str = "chain"  # or "retriever": which `on_*_end` / `on_*_error` the manager has
+    deferred: Deferred | None = None  # opened before the chain reached it (`runs.open_run(streaming=True)`)
 
     def end(self, output: Any) -> Any:
         return getattr(self.manager, f"on_{self.kind}_end")(output)
@@ -136,8 +159,9 @@ class QueryContext:
         the caller's context as is.
         """
         context = self.caller.copy()
-        if self.early is not None:
-            context.run(without_tracing)
+        callbacks = config.get("callbacks")
+        if self.early is not None or (isinstance(callbacks, BaseCallbackManager) and records_only(callbacks)):
+            context.run(without_tracing)  # the recorder stands for the handlers, LangSmith's tracer among them
         if ref.scope is not None:
             run = self.runs[ref.scope]
             context.run(_set_config_context, run.config if run.kind == "retriever" else config)

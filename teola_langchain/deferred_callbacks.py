@@ -93,6 +93,11 @@ def is_recording(manager: Any, recorder: CallbackRecorder) -> bool:
     return isinstance(manager, BaseCallbackManager) and manager.handlers == [recorder]
 
 
+def records_only(manager: BaseCallbackManager) -> bool:
+    """Every handler of `manager` is a recorder: what runs under it is recorded, not delivered."""
+    return bool(manager.handlers) and all(isinstance(h, CallbackRecorder) for h in manager.handlers)
+
+
 def with_handlers(run: BaseRunManager, like: BaseCallbackManager) -> BaseRunManager:
     """The run manager `run`, recorded, as it would be with the handlers of `like` (the live manager it came from)."""
     return type(run)(

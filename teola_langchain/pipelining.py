@@ -100,10 +100,11 @@ class PipelinedMaps(StepNodes):
         """model | list parser | [slice] | .map(body): each item goes to the body while the model writes the next.
 
         The model streams (its own `stream`); the parser (and the slice step) run on its
-        whole output, as always; the map's run opens when the model starts and ends with
-        the list it was given as its input, as LangChain's streaming records a run whose
-        input arrives later. With a slice, the decode's items are the slice of the
-        parser's (`SlicedItems`), checked against the slice step's own output at the end.
+        whole output, as always; the map's run opens when the model starts, its callbacks
+        (and its body's) recorded until the parser's output reaches it, then handed on with
+        that list as its input; if the model or the parser fails, they are dropped. With a
+        slice, the decode's items are the slice of the parser's (`SlicedItems`), checked
+        against the slice step's own output at the end.
         """
         unit = ParserItems(p.parser) if p.keep is None else SlicedItems(p.parser, p.keep)
         text, items = self.model(p.model, sym, StepRef(scope, f"seq:step:{i + 1}"), unit=(unit, p.n))
@@ -130,7 +131,10 @@ class PipelinedMaps(StepNodes):
             out = self._itemwise(
                 steps.invoke_items(body, element), {"items": items, "after": opened}, "map", label, key=key
             )
-        inputs = {"value": out, "inputs": self.whole(given)}
+        reached = self.b.call(
+            steps.reach_open(each_scope), {"value": self.whole(given), "ctx": self.ctx}, name="reached", inline=True
+        )
+        inputs = {"value": out, "inputs": reached}
         close = steps.close_run(each_scope)
         if p.trim is not None:
             inputs["items"] = items

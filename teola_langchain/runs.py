@@ -28,7 +28,8 @@ from langchain_core.runnables.config import (
 )
 
 from teola_core.engines.protocol import StreamResult
-from teola_langchain.context import OpenRun, QueryContext, StepRef
+from teola_langchain.context import Deferred, OpenRun, QueryContext, StepRef
+from teola_langchain.deferred_callbacks import CallbackRecorder, areplay, recording, replay, with_handlers
 from teola_langchain.models import language_model
 
 
@@ -204,7 +205,6 @@ async def in_step(
 
 
 NO_INPUTS: Any = object()  # `close_run` without an input to record (the run was opened with it)
-_STREAMING_INPUT = {"input": ""}  # what LangChain's streaming opens a run with before its input exists
 
 
 async def open_run(
@@ -212,41 +212,70 @@ async def open_run(
 ) -> None:
     """Open composite `name`'s run for `value` under `scope` (see the module docstring).
 
-    streaming: the input is not known yet; open the run as LangChain's streaming does
-    (`{"input": ""}`) and record the input when it ends (`close_run(..., inputs=)`).
+    streaming: the run opens before its input exists (a map pipelined with the model that
+    writes its items): its callbacks, and those of everything under it, are recorded
+    (`deferred_callbacks.py`) and handed to the handlers once the chain reaches it
+    (`reach_run`), with its real input; if a step ahead fails first, they are dropped.
     """
-    deferred = {"defers_inputs": True} if streaming else {}  # tracers (LangSmith's) wait for the inputs
-    if streaming:
-        value = _STREAMING_INPUT
     if ref.scope is None and not ref.bound and ctx.root_run is not None:
         ctx.runs[scope] = ctx.root_run  # the caller opened it (batch opens every root first)
         return
+    recorder = CallbackRecorder() if streaming else None
+    placeholder: dict[str, Any] = {"input": ""}  # what it is opened with, until `reach_run`
+    given = placeholder if streaming else value
+
+    def opened(run: Any, config: RunnableConfig, live: Any) -> OpenRun:
+        deferred = None if recorder is None else Deferred(recorder, live, placeholder)
+        return OpenRun(run, config, ref.scope, deferred=deferred)
 
     def start(config: RunnableConfig) -> OpenRun:
         config = ensure_config(config)
-        manager = get_callback_manager_for_config(config)
-        run = manager.on_chain_start(
-            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None), **deferred
-        )
-        return OpenRun(run, config, ref.scope)
+        live = get_callback_manager_for_config(config)
+        manager = live if recorder is None else recording(live, recorder)
+        run_name = config.get("run_name") or name
+        run = manager.on_chain_start(None, given, name=run_name, run_id=config.pop("run_id", None))
+        return opened(run, config, live)
 
     async def astart(config: RunnableConfig) -> OpenRun:
         config = ensure_config(config)
-        manager = get_async_callback_manager_for_config(config)
+        live = get_async_callback_manager_for_config(config)
+        manager = live if recorder is None else recording(live, recorder)
         run = await manager.on_chain_start(
-            None, value, name=config.get("run_name") or name, run_id=config.pop("run_id", None), **deferred
+            None, given, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
         )
-        return OpenRun(run, config, ref.scope)
+        return opened(run, config, live)
 
     ctx.runs[scope] = await in_step(ctx, ref, start, astart)
 
 
+def reach_run(ctx: QueryContext, scope: str, value: Any) -> Any:
+    """The chain reached the run opened early under `scope`: `value` is its input."""
+    deferred = ctx.runs[scope].deferred
+    if deferred is not None:
+        deferred.input = value
+    return value
+
+
+async def _hand_on(ctx: QueryContext, deferred: Deferred) -> None:
+    """Give a run's recorded callbacks to the handlers it stood for, its input swapped in."""
+    swaps = {id(deferred.placeholder): deferred.input}
+    if ctx.sync:
+        await asyncio.to_thread(ctx.caller.copy().run, replay, deferred.recorder, deferred.live.handlers, swaps)
+    else:
+        await areplay(deferred.recorder, deferred.live.handlers, swaps)
+
+
 async def close_run(ctx: QueryContext, scope: str, output: Any, inputs: Any = NO_INPUTS) -> Any:
-    """End the run of `scope` with `output` (unless the caller owns it) and hand `output` on."""
+    """End the run of `scope` with `output` (unless the caller owns it) and hand `output` on;
+    a run opened early (`open_run(streaming=True)`) is reached with `inputs` first."""
     run = ctx.runs.pop(scope)
     if run is ctx.root_run:
         return output
-    end = run.end if inputs is NO_INPUTS else partial(run.manager.on_chain_end, inputs=inputs)
+    end = run.end
+    if run.deferred is not None:
+        run.deferred.input = inputs
+        await _hand_on(ctx, run.deferred)
+        end = partial(with_handlers(run.manager, run.deferred.live).on_chain_end)
     if ctx.sync:
         await asyncio.to_thread(ctx.caller.copy().run, end, output)
     else:
@@ -255,13 +284,22 @@ async def close_run(ctx: QueryContext, scope: str, output: Any, inputs: Any = NO
 
 
 async def fail_runs(ctx: QueryContext, error: BaseException) -> None:
-    """Close every run the query still has open with `error`, innermost (latest) first."""
+    """Close every run the query still has open with `error`, innermost (latest) first.
+
+    A run opened early that the chain never reached is dropped, with everything recorded
+    under it: plain LangChain would not have started it."""
     own = ctx.own_runs()
     for scope in reversed(list(own)):
         run = own.pop(scope)
         if run is ctx.root_run:
             continue
+        fail = run.error
+        if run.deferred is not None:
+            if run.deferred.input is NO_INPUTS:
+                continue
+            await _hand_on(ctx, run.deferred)
+            fail = with_handlers(run.manager, run.deferred.live).on_chain_error
         if ctx.sync:
-            await asyncio.to_thread(ctx.caller.copy().run, run.error, error)
+            await asyncio.to_thread(ctx.caller.copy().run, fail, error)
         else:
-            await run.error(error)
+            await fail(error)

@@ -54,8 +54,8 @@ class ModelStep:
 def open_run(scope: str, ref: StepRef, name: str, *, streaming: bool = False) -> Step:
     """Open the composite's run for its input, and hand the input on to its children.
 
-    streaming: open it before its input exists (it pipelines with the step before), as
-    LangChain's streaming opens a run; `close_run` then gives the input.
+    streaming: open it before its input exists (it pipelines with the step before): its
+    callbacks are recorded until `reach_open` gives its input (`runs.open_run`).
     """
 
     async def run(value: Any, ctx: QueryContext) -> Any:
@@ -63,6 +63,15 @@ def open_run(scope: str, ref: StepRef, name: str, *, streaming: bool = False) ->
         return value
 
     return run
+
+
+def reach_open(scope: str) -> Callable[..., Any]:
+    """The chain reached a run opened early (`open_run(streaming=True)`): `value` is its input."""
+
+    def reach(value: Any, ctx: QueryContext) -> Any:
+        return runs.reach_run(ctx, scope, value)
+
+    return reach
 
 
 def close_run(scope: str) -> Step:

@@ -99,3 +99,28 @@ def test_langsmith_records_the_pipelined_map_with_its_real_input() -> None:
         trees.append(client.tree())
     assert trees[0] == trees[1]
     assert "'input': ''" not in repr(trees[1])
+
+
+class FailingNumbered(EchoChat):
+    """Streams its numbered list, then fails: the map after it must never appear in the trace."""
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        yield from super()._stream(messages, stop, run_manager, **kwargs)
+        raise ValueError("the model failed after writing its list")
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        raise ValueError("the model failed after writing its list")
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_pipelined_map_whose_model_fails_leaves_no_run_of_its_own(mode: str) -> None:
+    """The map opened beside the model (its items already retrieved) is dropped with everything
+    under it when the model fails: plain LangChain never started it."""
+    fast = optimize(chain(FailingNumbered(style="numbered")), expected_items=3)
+    try:
+        expected = outcome(chain(FailingNumbered(style="numbered")), mode, [{"q": "cats"}])
+        got = outcome(fast, mode, [{"q": "cats"}])
+        assert got == expected and got[0] == "raised"
+        assert "RunnableEach" not in repr(got[2])
+    finally:
+        fast.close()

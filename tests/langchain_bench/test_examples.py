@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from langchain_core.language_models import BaseChatModel
 
 import teola
 from teola_adapters.simulated.servers import SimServers
@@ -109,3 +110,64 @@ def test_one_assign_runs_its_analyses_side_by_side_and_chained_assigns_start_ear
 def _nodes(graph: Any) -> list[Any]:
     nodes = graph.nodes
     return list(nodes.values()) if isinstance(nodes, dict) else list(nodes)
+
+
+class _SometimesFails(BaseChatModel):
+    """ResponderChat's answers, but a prompt whose digest is divisible by `every` fails: the
+    same prompts fail plain and optimized, wherever in the chain they come."""
+
+    every: int = 2
+
+    @property
+    def _llm_type(self) -> str:
+        return "sometimes-fails"
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        import hashlib
+
+        from teola_benchmarks.langchain.fakes import ResponderChat
+
+        text = "\n".join(m.text for m in messages)
+        if int(hashlib.sha256(text.encode()).hexdigest(), 16) % self.every == 0:
+            raise ValueError(f"the model failed on a prompt of {len(text)} characters")
+        return ResponderChat()._generate(messages, stop, None, **kwargs)
+
+
+def _traced(runnable: Any, mode: str, x: Any) -> tuple[str, Any, list[Any]]:
+    """(status, output or error type, the finished trace trees) of one call with a tracer attached."""
+    from teola_benchmarks.langchain.traces import TraceRecorder
+
+    recorder = TraceRecorder()
+    config = {"callbacks": [recorder]}
+    try:
+        out = runnable.invoke(x, config) if mode == "invoke" else asyncio.run(runnable.ainvoke(x, config))
+        status, value = "ok", out
+    except Exception as exc:
+        status, value = "raised", type(exc)
+    return status, value, recorder.trees()
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_leaves_langchains_trace_even_when_a_step_fails_mid_chain(name: str, mode: str) -> None:
+    """The trace contract on the shipped examples: outputs, errors and finished run trees equal
+    plain LangChain's, sync and async, with model calls that fail mid-chain."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from teola_benchmarks.langchain.fakes import LocalReranker, ResponderChat
+
+    module = example_module(name)
+    parts = {"corpus": corpus(16), "reranker": LocalReranker()}
+    embeddings = DeterministicFakeEmbedding(size=16)
+    outcomes = {"ok": 0, "raised": 0}
+    for model in (ResponderChat(), _SometimesFails()):
+        chain = module.build_chain(model, embeddings, **parts)
+        fast = teola.optimize(chain, **module.OPTIMIZE_OPTIONS)
+        try:
+            for x in module.inputs(6):
+                expected, got = _traced(chain, mode, x), _traced(fast, mode, x)
+                assert got == expected, x
+                outcomes[expected[0]] += 1
+        finally:
+            fast.close()
+    assert outcomes["ok"] and outcomes["raised"]  # both paths were compared
