@@ -33,6 +33,7 @@ from teola_langchain.batching import BatchGroup
 from teola_langchain.deferred_callbacks import CallbackRecorder, is_recording, recording, records_only, without_tracing
 
 BoundConfigs = tuple[RunnableConfig, ...]
+NOT_REACHED: Any = object()  # a deferred run's input before the chain reaches it
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,17 @@ class Deferred:
 
     live: the callback manager it was opened under (whose handlers get the recording);
     placeholder: the input it was opened with, swapped for `input` (its real input, set
-    when the chain reaches it; `runs.NO_INPUTS` until then) when the recording is handed on.
+    when the chain reaches it; `NOT_REACHED` until then) when the recording is handed on.
     """
 
     recorder: CallbackRecorder
     live: Any
     placeholder: Any
-    input: Any = None
+    input: Any = field(default_factory=lambda: NOT_REACHED)
 
-    def __post_init__(self) -> None:
-        from teola_langchain.runs import NO_INPUTS
-
-        if self.input is None:
-            self.input = NO_INPUTS
+    @property
+    def reached(self) -> bool:
+        return self.input is not NOT_REACHED
 
 
 @dataclass

@@ -15,6 +15,7 @@ on the manager `get_callback_manager_for_config(ensure_config(config))` gives, t
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any
@@ -79,7 +80,7 @@ async def invoke_streaming(
     so does one whose streamed run would differ from its plain one where a handler records
     it (`tap_leaves_same_run`).
     """
-    if not tap_leaves_same_run(step, ctx.step_config(ref)):
+    if not tap_leaves_same_run(step, ctx.step_config(ref), ctx.caller):
         output = await invoke_step(ctx, ref, step, value)
         yield text_of(output)
         yield StreamResult(output)
@@ -116,7 +117,7 @@ def text_of(output: Any) -> str:
     return output if isinstance(output, str) else str(output)
 
 
-def tap_leaves_same_run(step: Runnable[Any, Any], config: RunnableConfig) -> bool:
+def tap_leaves_same_run(step: Runnable[Any, Any], config: RunnableConfig, caller: contextvars.Context) -> bool:
     """Whether tapping `step`'s tokens leaves the run LangChain would record.
 
     A tap makes a chat model call its streaming API, whose response can carry other
@@ -125,6 +126,7 @@ def tap_leaves_same_run(step: Runnable[Any, Any], config: RunnableConfig) -> boo
     faithful when the model streams in `invoke` anyway (`streaming=True`, a `stream`
     kwarg), when it is not a chat model (an LLM's `invoke` does not switch), or when no
     handler would record the run (none attached, or only Teola's own bookkeeping).
+    LangSmith tracing switched on in the caller's context (`caller`) records it too.
     """
     from langchain_core.language_models import BaseChatModel
     from langchain_core.tracers.context import tracing_v2_callback_var
@@ -133,7 +135,7 @@ def tap_leaves_same_run(step: Runnable[Any, Any], config: RunnableConfig) -> boo
     model = language_model(step)
     if not isinstance(model, BaseChatModel) or streams_anyway(step, model):
         return True
-    if tracing_v2_callback_var.get() is not None or tracing_is_enabled():
+    if caller.run(lambda: tracing_v2_callback_var.get() is not None or bool(tracing_is_enabled())):
         return False  # configuring the model's run adds LangSmith's tracer
     callbacks = config.get("callbacks")
     handlers = callbacks.handlers if isinstance(callbacks, BaseCallbackManager) else list(callbacks or [])
@@ -295,7 +297,7 @@ async def fail_runs(ctx: QueryContext, error: BaseException) -> None:
             continue
         fail = run.error
         if run.deferred is not None:
-            if run.deferred.input is NO_INPUTS:
+            if not run.deferred.reached:
                 continue
             await _hand_on(ctx, run.deferred)
             fail = with_handlers(run.manager, run.deferred.live).on_chain_error

@@ -124,3 +124,23 @@ def test_a_pipelined_map_whose_model_fails_leaves_no_run_of_its_own(mode: str) -
         assert "RunnableEach" not in repr(got[2])
     finally:
         fast.close()
+
+
+def test_langsmith_tracing_switched_on_in_the_callers_context_counts_as_a_tracer() -> None:
+    """No handler passed, but the caller traced with LangSmith (`tracing_v2_enabled`'s context
+    variable): the model's run is recorded, so it is called plainly, as plain LangChain calls it."""
+    from langchain_core.tracers.context import tracing_v2_callback_var
+    from langchain_core.tracers.langchain import LangChainTracer
+    from test_lc_early_steps import _FakeClient
+
+    plain, model = MetadataChat(style="numbered", calls=[]), MetadataChat(style="numbered", calls=[])
+    fast = optimize(chain(model), expected_items=3)
+    client = _FakeClient()
+    token = tracing_v2_callback_var.set(LangChainTracer(client=client, project_name="teola-test"))
+    try:
+        assert fast.invoke({"q": "cats"}) == chain(plain).invoke({"q": "cats"})
+        assert model.calls == plain.calls == ["generate"]
+        assert client.runs  # the tracer did record the runs
+    finally:
+        tracing_v2_callback_var.reset(token)
+        fast.close()
