@@ -8,7 +8,6 @@ run, and the moment the chain reaches it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ from langchain_core.globals import get_debug
 
 from teola_langchain import runs, steps
 from teola_langchain.context import EarlyRun, OpenRun, QueryContext, StepRef
-from teola_langchain.deferred_callbacks import areplay, replay, with_handlers
+from teola_langchain.deferred_callbacks import with_handlers
 from teola_langchain.traced import SubGraph
 from teola_langchain.values import MISSING
 
@@ -74,21 +73,13 @@ def reach(sub: SubGraph, ref: StepRef, scope: str | None) -> steps.Step:
         live = ctx.step_config(ref).get("callbacks")
         if not isinstance(live, BaseCallbackManager):
             raise TypeError(f"teola: expected a callback manager for {ref}, got {live!r}; please report this chain")
-        swaps = {id(early.projection): value}
-        if ctx.sync:
-            await asyncio.to_thread(ctx.caller.copy().run, replay, early.recorder, live.handlers, swaps)
-        else:
-            await areplay(early.recorder, live.handlers, swaps)
+        await runs.hand_on(ctx, early.recorder, live.handlers, {id(early.projection): value})
         if outcome.error is not None:
             raise outcome.error
         if scope is None:
             return outcome.value
         merged = {**value, **outcome.value}
-        end = with_handlers(outcome.open[scope].manager, live)
-        if ctx.sync:
-            await asyncio.to_thread(ctx.caller.copy().run, end.on_chain_end, merged)
-        else:
-            await end.on_chain_end(merged)
+        await runs.call_manager(ctx, with_handlers(outcome.open[scope].manager, live).on_chain_end, merged)
         return merged
 
     return run

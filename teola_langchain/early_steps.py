@@ -46,7 +46,7 @@ from teola_langchain.traced import EarlyNote, SubGraph
 from teola_langchain.values import DictValue, Ref, Sym
 
 if TYPE_CHECKING:
-    from teola_langchain.graph_writer import GraphWriter
+    from teola_langchain.composites import Composites
 
 
 def _ordered_models() -> tuple[type, ...]:
@@ -64,7 +64,7 @@ def _ordered_models() -> tuple[type, ...]:
 class EarlyStart:
     """Adds a sequence step that can start early to the graph `writer` is building (see the module docstring)."""
 
-    def __init__(self, writer: GraphWriter) -> None:
+    def __init__(self, writer: Composites) -> None:
         self.w = writer
 
     def step(self, s: Runnable[Any, Any], sym: Sym, ref: StepRef) -> Sym | None:
@@ -81,7 +81,7 @@ class EarlyStart:
             return self._waits(s, ref, why)
         if not does_work(body):
             return None  # nothing in it takes time: nothing to overlap
-        sources = {k: self._field(sym, k) for k in sorted(read)}
+        sources = {k: self.w.field(sym, k) for k in sorted(read)}
         if not self._ready_before(list(sources.values()), sym.whole):
             return self._waits(s, ref, f"reads {_names(read)}, which the step ahead writes")
         self.w.session.early.append(
@@ -90,15 +90,6 @@ class EarlyStart:
         return self._nodes(s, sym, ref, sources, assign)
 
     # -- what it reads -------------------------------------------------------------------
-    def _field(self, sym: DictValue, key: str) -> Value:
-        """Where key `key` of the dict `sym` comes from (its value may be `MISSING` at run time)."""
-        b = self.w.b
-        if key in sym.fields:
-            return sym.fields[key]
-        if sym.rest is not None:
-            return b.call(steps.get_or_missing(key), {"value": sym.rest}, name="field", inline=True)
-        return b.call(steps.constant(steps.MISSING), {}, name="missing", inline=True)
-
     def _ready_before(self, sources: list[Value], whole: Value) -> bool:
         """Work the dict `whole` waits for that none of `sources` waits for: what starting early overlaps."""
         b = self.w.b

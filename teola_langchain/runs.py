@@ -258,13 +258,22 @@ def reach_run(ctx: QueryContext, scope: str, value: Any) -> Any:
     return value
 
 
-async def _hand_on(ctx: QueryContext, deferred: Deferred) -> None:
-    """Give a run's recorded callbacks to the handlers it stood for, its input swapped in."""
-    swaps = {id(deferred.placeholder): deferred.input}
+async def call_manager(ctx: QueryContext, method: Callable[..., Any], *args: Any) -> Any:
+    """A callback manager's `method(*args)` as the query's mode calls it: in a worker thread in
+    a copy of the caller's context (sync query, sync manager), else awaited (async manager)."""
     if ctx.sync:
-        await asyncio.to_thread(ctx.caller.copy().run, replay, deferred.recorder, deferred.live.handlers, swaps)
-    else:
-        await areplay(deferred.recorder, deferred.live.handlers, swaps)
+        return await asyncio.to_thread(ctx.caller.copy().run, method, *args)
+    return await method(*args)
+
+
+async def hand_on(ctx: QueryContext, recorder: CallbackRecorder, handlers: Any, swaps: dict[int, Any]) -> None:
+    """Give `recorder`'s events to `handlers` as the query's managers would (values swapped by identity)."""
+    await call_manager(ctx, replay if ctx.sync else areplay, recorder, handlers, swaps)
+
+
+async def _hand_on_deferred(ctx: QueryContext, deferred: Deferred) -> None:
+    """Give a run's recorded callbacks to the handlers it stood for, its input swapped in."""
+    await hand_on(ctx, deferred.recorder, deferred.live.handlers, {id(deferred.placeholder): deferred.input})
 
 
 async def close_run(ctx: QueryContext, scope: str, output: Any, inputs: Any = NO_INPUTS) -> Any:
@@ -276,12 +285,9 @@ async def close_run(ctx: QueryContext, scope: str, output: Any, inputs: Any = NO
     end = run.end
     if run.deferred is not None:
         run.deferred.input = inputs
-        await _hand_on(ctx, run.deferred)
-        end = partial(with_handlers(run.manager, run.deferred.live).on_chain_end)
-    if ctx.sync:
-        await asyncio.to_thread(ctx.caller.copy().run, end, output)
-    else:
-        await end(output)
+        await _hand_on_deferred(ctx, run.deferred)
+        end = with_handlers(run.manager, run.deferred.live).on_chain_end
+    await call_manager(ctx, end, output)
     return output
 
 
@@ -299,9 +305,6 @@ async def fail_runs(ctx: QueryContext, error: BaseException) -> None:
         if run.deferred is not None:
             if not run.deferred.reached:
                 continue
-            await _hand_on(ctx, run.deferred)
+            await _hand_on_deferred(ctx, run.deferred)
             fail = with_handlers(run.manager, run.deferred.live).on_chain_error
-        if ctx.sync:
-            await asyncio.to_thread(ctx.caller.copy().run, fail, error)
-        else:
-            await fail(error)
+        await call_manager(ctx, fail, error)

@@ -52,14 +52,20 @@ class StepNodes(GraphWriter):
         partials = set(prompt.partial_variables)
         sources = []
         for var in template.ports:
-            if var in sym.fields:
-                value = sym.fields[var]
-            elif var in partials or sym.rest is None:
+            if var in partials and var not in sym.fields:
                 value = self.b.call(steps.constant(MISSING), {}, name="missing", inline=True)
-            else:  # the key may come from a dict whose keys are known only at run time
-                value = self.b.call(steps.get_or_missing(var), {"value": sym.rest}, name="field", inline=True)
+            else:
+                value = self.field(sym, var)
             sources.append((var, value.node, value.port))
         return PromptPlan(template, tuple(sources))
+
+    def field(self, sym: DictValue, key: str) -> Value:
+        """Where key `key` of the dict `sym` comes from (its value may be `MISSING` at run time)."""
+        if key in sym.fields:
+            return sym.fields[key]
+        if sym.rest is not None:  # the key may come from a dict whose keys are known only at run time
+            return self.b.call(steps.get_or_missing(key), {"value": sym.rest}, name="field", inline=True)
+        return self.b.call(steps.constant(MISSING), {}, name="missing", inline=True)
 
     def model(self, r: Runnable[Any, Any], sym: Sym, ref: StepRef, unit: tuple[Any, int] | None = None) -> Any:
         """PREFILL + DECODE on the model's engine; with `unit` (split unit, expected items)
