@@ -61,7 +61,8 @@ class NativeChatEngine(Engine):
     Every call is its own batch and all may be in flight at once: the llama.cpp engine does
     them earliest query first and steps at most `decode_batch` decodes together (default:
     as many of the ready decodes as the engine's measured step cost says, `planner.step_size`:
-    the least mean latency that costs at most 3 % of total time against always batching).
+    the least mean latency, while what that costs beyond always batching stays within
+    `worker.STEP_SLACK` of the engine's busy time).
     """
 
     kinds = LLM_KINDS

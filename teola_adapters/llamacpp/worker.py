@@ -99,13 +99,12 @@ class Worker:
         self._prefills: list[_Prefill] = []
         self._begun: _Prefill | None = None
         self._decodes: list[_Decode] = []
-        self._ranks: OrderedDict[str, int] = OrderedDict()  # query id -> first appearance
-        self._arrivals: dict[str, float] = {}  # query id -> its arrival (`Call.arrival`)
+        self._ranks: OrderedDict[str, tuple[float, int]] = OrderedDict()  # query id -> (arrival, first appearance)
         self._order = itertools.count()
         self.step_costs: dict[int, float] = {}  # seconds of a decode step by sequences (measured, refreshed)
         self._busy_since = time.perf_counter()  # the start of this busy period (the step budget's base)
         self._extra = 0.0  # seconds spent in this busy period beyond stepping every ready decode together
-        self._ready = 0  # decodes the last planned step could have held
+        self._cost: Callable[[int], float] | None = None  # the step cost curve the last plan used
         self.steps_by_size: dict[int, int] = {}  # decode steps taken, by sequences stepped
         self._wake = threading.Condition()
         self._closed = False
@@ -135,11 +134,10 @@ class Worker:
         try:
             while True:
                 with self._wake:
-                    if not self._busy():  # a new busy period: a new step budget
-                        self._busy_since, self._extra = time.perf_counter(), 0.0
-                    while not (self._busy() or self._closed):
-                        self._wake.wait()
-                        self._busy_since = time.perf_counter()
+                    if not self._busy():
+                        while not (self._busy() or self._closed):
+                            self._wake.wait()
+                        self._busy_since, self._extra = time.perf_counter(), 0.0  # a new step budget
                     if self._closed and not self._busy():
                         return
                     jobs = list(self._jobs)
@@ -157,15 +155,15 @@ class Worker:
         decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
         begun = None if self._begun is None else Work(self._begun.rank, item=self._begun)
         reserve = 0 if begun is not None else 1  # a sequence for the next prefill
-        size = None
-        if self.step_costs:
-            cost = cost_curve(self.step_costs)
-            size = lambda n: self._step_size(n, cost)  # noqa: E731
+        self._cost = cost_curve(self.step_costs) if self.step_costs else None
+        size = self._step_size if self._cost is not None else None
         return plan(prefills, decodes, max(0, self.seqs.free() - reserve), begun, size)
 
-    def _step_size(self, n: int, cost: Callable[[int], float]) -> int:
+    def _step_size(self, n: int) -> int:
         """The mean-latency best step of n ready decodes, while what it costs beyond stepping all
         n stays within `STEP_SLACK` of the time busy so far; all n once that budget is spent."""
+        cost = self._cost
+        assert cost is not None
         k = step_size(n, cost)
         extra = extra_seconds(k, n, cost)
         if extra <= 0 or self._extra + extra <= STEP_SLACK * (time.perf_counter() - self._busy_since):
@@ -176,23 +174,20 @@ class Worker:
         if action.prefill is not None:
             self._advance_prefill(action.prefill.item)
         elif action.step:
-            self._ready = action.ready
-            self._step([w.item for w in action.step])
+            self._step([w.item for w in action.step], action.ready)
 
     def _rank(self, call: Call) -> Rank:
         """(query's arrival, its first appearance here, class, order): earliest query first,
         ties in the order queries came; a partial prefill goes after its query's other work
         (it prepares a later step: the decode the query waits for comes first). A call
         without an arrival (a direct caller's) counts as arriving when first seen here."""
-        first = self._ranks.get(call.query_id)
-        if first is None:
-            first = self._ranks[call.query_id] = next(self._order)
-            self._arrivals[call.query_id] = call.arrival if call.arrival is not None else time.monotonic()
+        known = self._ranks.get(call.query_id)
+        if known is None:
+            arrival = call.arrival if call.arrival is not None else time.monotonic()
+            known = self._ranks[call.query_id] = (arrival, next(self._order))
             if len(self._ranks) > _RANKED_QUERIES:
-                forgotten, _ = self._ranks.popitem(last=False)
-                self._arrivals.pop(forgotten, None)
-        arrival = self._arrivals[call.query_id]
-        return (arrival, first, int(call.node.kind == PrimitiveKind.PARTIAL_PREFILL), next(self._order))
+                self._ranks.popitem(last=False)
+        return (*known, int(call.node.kind == PrimitiveKind.PARTIAL_PREFILL), next(self._order))
 
     def _take(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():
@@ -233,8 +228,9 @@ class Worker:
         for decode in [d for d in self._decodes if d.job.cancel.is_set()]:
             self._finish(decode)
 
-    def _step(self, step: list[_Decode]) -> None:
-        """Admit the step's waiting decodes, then one token for each, in one llama_decode."""
+    def _step(self, step: list[_Decode], ready: int) -> None:
+        """Admit the step's waiting decodes, then one token for each, in one llama_decode
+        (`ready`: the decodes the step could have held)."""
         began = time.perf_counter()
         going: list[_Decode] = []
         for decode in step:
@@ -260,16 +256,17 @@ class Worker:
                     decode.gen.logits = logits
                     decode.gen.pos += 1
                 self.stats.decode_steps += 1
-                self._measured(len(going), time.perf_counter() - began)
+                self._measured(len(going), ready, time.perf_counter() - began)
         self.stats.decode_s += time.perf_counter() - began
         self._report("decode", began, [d.job for d in step])
 
-    def _measured(self, n: int, seconds: float) -> None:
-        """A step of `n` sequences took `seconds`: count it, and refresh the cost curve slowly (a
-        moving average of weight 1/20: one step slowed by another process barely moves it)."""
+    def _measured(self, n: int, ready: int, seconds: float) -> None:
+        """A step of `n` of `ready` decodes took `seconds`: count it, charge what stepping fewer
+        than all cost to the budget, and refresh the cost curve slowly (a moving average of
+        weight 1/20: one step slowed by another process barely moves it)."""
         self.steps_by_size[n] = self.steps_by_size.get(n, 0) + 1
-        if self.step_costs:
-            self._extra += extra_seconds(n, max(n, self._ready), cost_curve(self.step_costs))
+        if self._cost is not None:  # the curve this step was planned with
+            self._extra += extra_seconds(n, max(n, ready), self._cost)
             known = self.step_costs.get(n)
             self.step_costs[n] = seconds if known is None else 0.95 * known + 0.05 * seconds
 
