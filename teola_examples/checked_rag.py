@@ -20,10 +20,10 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from teola_examples.common import HTTPReranker, demo, format_docs, questions
+from teola_examples.common import HTTPReranker, demo, questions, rerank_step
 
 CHECK = ChatPromptTemplate.from_messages(
     [
@@ -48,24 +48,6 @@ ANSWER = ChatPromptTemplate.from_messages(
 
 
 def _parts(
-    llm: BaseChatModel, embeddings: Embeddings, corpus: Sequence[str], reranker: HTTPReranker, k: int, top_n: int
-) -> dict[str, Runnable[Any, Any]]:
-    retriever = InMemoryVectorStore.from_texts(list(corpus), embeddings).as_retriever(search_kwargs={"k": k})
-
-    def rerank(x: dict[str, Any]) -> str:
-        return format_docs(reranker.rerank(x["question"], x["candidates"], top_n))
-
-    async def arerank(x: dict[str, Any]) -> str:
-        return format_docs(await reranker.arerank(x["question"], x["candidates"], top_n))
-
-    candidates = {"question": itemgetter("question"), "candidates": itemgetter("question") | retriever}
-    return {
-        "context": candidates | RunnableLambda(rerank, afunc=arerank, name="rerank"),
-        "check": CHECK | llm | StrOutputParser(),
-    }
-
-
-def build_chain(
     llm: BaseChatModel,
     embeddings: Embeddings,
     *,
@@ -74,9 +56,17 @@ def build_chain(
     k: int = 12,
     top_n: int = 4,
     **_: Any,
-) -> Runnable[dict[str, str], str]:
-    """`{"question": str}` -> answer, the retrieval and the check as two chained `.assign`s."""
-    parts = _parts(llm, embeddings, corpus, reranker, k, top_n)
+) -> dict[str, Runnable[Any, Any]]:
+    """The two analyses: the context (k candidates, the best `top_n` after reranking) and the check."""
+    retriever = InMemoryVectorStore.from_texts(list(corpus), embeddings).as_retriever(search_kwargs={"k": k})
+    candidates = {"question": itemgetter("question"), "candidates": itemgetter("question") | retriever}
+    return {"context": candidates | rerank_step(reranker, top_n), "check": CHECK | llm | StrOutputParser()}
+
+
+def build_chain(llm: BaseChatModel, embeddings: Embeddings, **options: Any) -> Runnable[dict[str, str], str]:
+    """`{"question": str}` -> answer, the retrieval and the check as two chained `.assign`s
+    (`options`: `corpus`, `reranker`, and `k`, `top_n` as for `_parts`)."""
+    parts = _parts(llm, embeddings, **options)
     return (
         RunnablePassthrough.assign(context=parts["context"])
         | RunnablePassthrough.assign(check=parts["check"])
@@ -86,19 +76,9 @@ def build_chain(
     )
 
 
-def build_one_assign(
-    llm: BaseChatModel,
-    embeddings: Embeddings,
-    *,
-    corpus: Sequence[str],
-    reranker: HTTPReranker,
-    k: int = 12,
-    top_n: int = 4,
-    **_: Any,
-) -> Runnable[dict[str, str], str]:
+def build_one_assign(llm: BaseChatModel, embeddings: Embeddings, **options: Any) -> Runnable[dict[str, str], str]:
     """The same chain with one `.assign(context=..., check=...)`: LangChain runs both at once."""
-    parts = _parts(llm, embeddings, corpus, reranker, k, top_n)
-    return RunnablePassthrough.assign(**parts) | ANSWER | llm | StrOutputParser()
+    return RunnablePassthrough.assign(**_parts(llm, embeddings, **options)) | ANSWER | llm | StrOutputParser()
 
 
 # Other ways to write the same chain, run plain beside it (`teola bench --langchain`).

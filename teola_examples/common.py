@@ -11,7 +11,7 @@ import httpx
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableLambda
 
 import teola
 from teola_adapters.simulated.text import corpus_words
@@ -72,6 +72,19 @@ class HTTPReranker:
             r = await client.post(self.url, json=self._body(query, docs, top_n))
         r.raise_for_status()
         return [docs[x["index"]] for x in r.json()["results"]]
+
+
+def rerank_step(reranker: HTTPReranker, top_n: int) -> Runnable[dict[str, Any], str]:
+    """`{"question", "candidates"}` -> the best `top_n` candidates as context, reranked by `reranker`
+    (a lambda, as users commonly wire a reranker in: Teola runs it as a user step)."""
+
+    def rerank(x: dict[str, Any]) -> str:
+        return format_docs(reranker.rerank(x["question"], x["candidates"], top_n))
+
+    async def arerank(x: dict[str, Any]) -> str:
+        return format_docs(await reranker.arerank(x["question"], x["candidates"], top_n))
+
+    return RunnableLambda(rerank, afunc=arerank, name="rerank")
 
 
 def demo(build: Callable[..., Runnable[Any, Any]], inputs: list[Any], **options: Any) -> None:

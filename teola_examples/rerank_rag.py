@@ -15,10 +15,10 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from teola_examples.common import HTTPReranker, demo, format_docs, questions
+from teola_examples.common import HTTPReranker, demo, questions, rerank_step
 from teola_examples.naive_rag import ANSWER
 
 
@@ -34,16 +34,9 @@ def build_chain(
 ) -> Runnable[dict[str, str], str]:
     """`{"question": str}` -> answer."""
     retriever = InMemoryVectorStore.from_texts(list(corpus), embeddings).as_retriever(search_kwargs={"k": k})
-
-    def rerank(x: dict[str, Any]) -> str:
-        return format_docs(reranker.rerank(x["question"], x["candidates"], top_n))
-
-    async def arerank(x: dict[str, Any]) -> str:
-        return format_docs(await reranker.arerank(x["question"], x["candidates"], top_n))
-
     return (
         RunnablePassthrough.assign(candidates=itemgetter("question") | retriever)
-        | RunnablePassthrough.assign(context=RunnableLambda(rerank, afunc=arerank, name="rerank"))
+        | RunnablePassthrough.assign(context=rerank_step(reranker, top_n))
         | ANSWER
         | llm
         | StrOutputParser()
