@@ -119,8 +119,8 @@ def add_bench_command(commands: Any) -> None:
         "--max-num-seqs",
         type=int,
         default=None,
-        help="--langgraph: the LLM server runs at most this many requests at once (vLLM's option); "
-        "Teola is given the same bound (model_concurrency)",
+        help="--langgraph, --langchain EXAMPLE: the LLM server runs at most this many requests at once "
+        "(vLLM's option); Teola learns it from the server's /metrics",
     )
     p.add_argument(
         "--agents",
@@ -191,8 +191,8 @@ def bench_command(args: argparse.Namespace) -> int:
         return run_call_overhead(args)
     if sum(map(bool, (args.langchain, args.llamaindex, args.langgraph, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex, --langgraph and --agents are exclusive")
-    if args.max_num_seqs is not None and not args.langgraph:
-        raise SystemExit("teola bench: --max-num-seqs is for --langgraph")
+    if args.max_num_seqs is not None and not (args.langgraph or (args.langchain and args.langchain != "all")):
+        raise SystemExit("teola bench: --max-num-seqs is for --langgraph and --langchain EXAMPLE")
     not_a_workload_run = args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead
     if args.seeds and not_a_workload_run:
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")

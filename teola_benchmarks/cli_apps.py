@@ -61,8 +61,12 @@ def run_langchain_bench(args: argparse.Namespace) -> int:
         else:
             Console(width=160).print(summary_table(results))
         return 0
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise SystemExit("teola bench: --max-num-seqs must be >= 1")
     with working(f"{args.langchain}: plain LangChain vs teola.optimize on simulated servers"):
-        result = bench_langchain(args.langchain, traced=not args.untraced, **_app_options(args, time_scale))
+        result = bench_langchain(
+            args.langchain, traced=not args.untraced, max_num_seqs=args.max_num_seqs, **_app_options(args, time_scale)
+        )
     return _report_app(args, result, result.example)
 
 

@@ -3,7 +3,7 @@
 Every callback manager LangChain configures while such a variable holds a handler gets
 that handler (non-inheritable: no step finds it in its config's callbacks). Teola watches
 an optimized chain's call this way (`learning.py`: its `Observer`) and an optimized
-graph's run (`langgraph/gate.py`: its `RunGate`), without touching the user's objects.
+graph's run (`program_order/gate.py`: its `RunGate`), without touching the user's objects.
 
     OBSERVER: ContextVar[Observer | None] = ContextVar("observer", default=None)
     register_configure_hook(OBSERVER, inheritable=False)

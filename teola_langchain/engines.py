@@ -13,7 +13,10 @@ scheduler, which is what lets calls from concurrent queries batch.
   prefills it). PARTIAL_PREFILL warms the model's server when the engine has a
   `PrefixWarmer` — by default for a langchain-openai `ChatOpenAI`/`OpenAI` with a
   `base_url` (a vLLM server: `openai_server.py`) — and is bookkeeping otherwise. The
-  answer is the model's own either way.
+  answer is the model's own either way. Such a model's engine also learns its server's
+  bound from the server's `/metrics` (`teola_adapters.server_load.ServerLoadWatch`):
+  calls beyond what the server runs wait in Teola's engine scheduler, earliest query
+  first, not in the server's queue; a server without vLLM's gauges is never held.
 - `LangChainEmbeddingEngine`: `aembed_query` per text, or one `aembed_documents` for a
   whole batch when `retrievers.batchable_embeddings` proves it equal.
 - `LangChainVectorStoreEngine`: `asimilarity_search_by_vector(v, **search_kwargs)` per
@@ -45,6 +48,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.vectorstores import VectorStore
 
+from teola_adapters.server_load import ServerLoadWatch, root_of
 from teola_core.engines.choices import ComponentEngines, EngineOption
 from teola_core.engines.choices import EngineChoices as CoreEngineChoices
 from teola_core.engines.opaque_llm import OpaqueModelEngine
@@ -70,14 +74,21 @@ class LangChainLLMEngine(OpaqueModelEngine):
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)  # one call per batch: see the module docstring
 
-    def __init__(self, name: str, model: BaseLanguageModel[Any], warmer: PrefixWarmer | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: BaseLanguageModel[Any],
+        warmer: PrefixWarmer | None = None,
+        load_watch: ServerLoadWatch | None = None,
+    ) -> None:
         self.name = name
         self.model = model
         self.warmer = warmer
+        self.load_watch = load_watch
 
     def with_warmer(self, warmer: PrefixWarmer | None) -> LangChainLLMEngine:
         """The same model's engine, warming prefixes with `warmer` (None: not at all)."""
-        return LangChainLLMEngine(self.name, self.model, warmer)
+        return LangChainLLMEngine(self.name, self.model, warmer, self.load_watch)
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None:
@@ -267,8 +278,10 @@ class EngineRegistry(ComponentEngines):
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
         def make(name: str) -> LangChainLLMEngine:
-            warmer = PrefixWarmer.for_model(model) if openai_compatible(model) else None
-            return LangChainLLMEngine(name, model, warmer)
+            if not openai_compatible(model):
+                return LangChainLLMEngine(name, model)
+            watch = ServerLoadWatch(root_of(str(model.openai_api_base)))  # type: ignore[attr-defined]
+            return LangChainLLMEngine(name, model, PrefixWarmer.for_model(model), watch)
 
         return self._get(model, "llm", make)
 

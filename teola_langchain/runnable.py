@@ -29,6 +29,7 @@ start and written at each new plan (and `save_profiles()`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from langchain_core.runnables.base import Input, Output, coerce_to_runnable
 from langchain_core.runnables.config import ensure_config, get_config_list
 from langchain_core.runnables.graph import Graph as LCGraph
 
+from teola_core.explain import section
 from teola_core.profiles.learning import LatencyBook
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
@@ -47,12 +49,15 @@ from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.dropin import DropInBase
 from teola_langchain.batch_calls import abatch_results, aopen_roots, batch_results, open_roots, run_queries
 from teola_langchain.classes import class_of
+from teola_langchain.configure_hooks import holding
 from teola_langchain.context import QueryContext, now_on
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry
 from teola_langchain.explain import explain_plan
 from teola_langchain.learning import SpanLearner
 from teola_langchain.patched import runs_own_code
 from teola_langchain.plans import Plan, Planner
+from teola_langchain.program_order.gate import CURRENT_GATE, RunCalls
+from teola_langchain.program_order.runs import ProgramRuns
 from teola_langchain.replanning import LEARN_AFTER, Replanner
 from teola_langchain.same_structure import SameStructure
 from teola_langchain.steps import run_graph
@@ -137,6 +142,10 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
         )
         self.start_sync_thread(f"teola:{self.name}")
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)
+        # Calls run as LangChain runs them still get program-level order at a model server
+        # that reports its load: each call is a program whose model calls Teola admits.
+        served = any(getattr(e, "load_watch", None) is not None for e in self._engines.engines.engines.values())
+        self.programs = ProgramRuns(self.name) if served else None
 
     # -- the plan --------------------------------------------------------------------
     @property
@@ -199,7 +208,19 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
             not_learning=self._replanner.not_learning,
             png_dir=png_dir,
         )
-        return "\n".join([plan, *self.explain_runs(png_dir)])
+        return "\n".join([plan, *self._explain_servers(), *self.explain_runs(png_dir)])
+
+    def _explain_servers(self) -> list[str]:
+        """What was learned of the model servers that report their load (none: no section)."""
+        lines = [
+            f"- {name} (on Teola's graph): {calls.describe()}"
+            for name, engine in self._engines.engines.engines.items()
+            if (watch := getattr(engine, "load_watch", None)) is not None
+            for calls in watch.attached
+        ]
+        if self.programs is not None:
+            lines += [f"- calls run as LangChain runs them: {line}" for line in self.programs.servers()]
+        return [section("model servers", "\n".join(lines))] if lines else []
 
     # -- execution -------------------------------------------------------------------
     async def _execute(
@@ -221,7 +242,8 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
     async def ainvoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         with self._replanner.calling(asynchronous=True) as plan:
             if kwargs or not plan.on_graph:
-                return await self.original.ainvoke(input, config, **kwargs)
+                with self._one_program():
+                    return await self.original.ainvoke(input, config, **kwargs)
             self.calls_on_graph += 1
             config = ensure_config(config)
             return await self._execute(plan, input, config, False, contextvars.copy_context())
@@ -262,7 +284,8 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
             return []
         with self._replanner.calling(asynchronous=True) as plan:
             if kwargs or not plan.on_graph:
-                return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+                with self._one_program():
+                    return await self.original.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
             self.calls_on_graph += 1
             configs = get_config_list(config, len(inputs))
             caller = contextvars.copy_context()
@@ -277,8 +300,46 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
         yield from self.original.stream(input, config, **kwargs)
 
     async def astream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Output]:
-        async for chunk in self.original.astream(input, config, **kwargs):
-            yield chunk
+        gate = self._open_program()
+        if gate is None:
+            async for chunk in self.original.astream(input, config, **kwargs):
+                yield chunk
+            return
+        try:  # the gate is held only while the stream's steps run: a yield hands the context back
+            async with contextlib.aclosing(self.original.astream(input, config, **kwargs)) as chunks:
+                while True:
+                    with holding(CURRENT_GATE, gate):
+                        try:
+                            chunk = await anext(chunks)
+                        except StopAsyncIteration:
+                            return
+                    yield chunk
+        finally:
+            self._close_program(gate)
+
+    @contextlib.contextmanager
+    def _one_program(self) -> Iterator[None]:
+        """An async call run as LangChain runs it, as one program: its model calls are held
+        by a gate of its own while the model's server is saturated, earlier calls first."""
+        gate = self._open_program()
+        if gate is None:
+            yield
+            return
+        try:
+            with holding(CURRENT_GATE, gate):
+                yield
+        finally:
+            self._close_program(gate)
+
+    def _open_program(self) -> RunCalls | None:
+        """A gate for a call on the running loop; None without a served model or inside a run."""
+        if self.programs is None or CURRENT_GATE.get() is not None:
+            return None
+        return self.programs.open(asyncio.get_running_loop())
+
+    def _close_program(self, gate: RunCalls) -> None:
+        if self.programs is not None:
+            self.programs.close(gate)
 
     def transform(
         self, input: Iterator[Input], config: RunnableConfig | None = None, **kwargs: Any

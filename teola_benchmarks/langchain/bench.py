@@ -62,15 +62,20 @@ def bench_langchain(
     batching: Batching = "dynamic",
     options: dict[str, Any] | None = None,
     traced: bool = True,
+    max_num_seqs: int | None = None,
 ) -> FrameworkBenchResult:
-    """Run the three systems on one example against one set of servers (see the module docstring)."""
+    """Run the three systems on one example against one set of servers (see the module docstring).
+
+    max_num_seqs: the LLM server runs at most this many requests at once (vLLM's option;
+    the rest queue there); Teola is not told it, it reads the server's `/metrics`.
+    """
     check_sizes(queries, concurrency)
     module = example_module(example)
     from teola_examples.common import HTTPReranker, corpus, openai_models
 
     inputs = module.inputs(queries + 1)
     warmup, measured = inputs[0], inputs[1:]
-    with SimServers(time_scale=time_scale, batching=batching) as servers:
+    with SimServers(time_scale=time_scale, batching=batching, max_num_seqs=max_num_seqs) as servers:
         llm, embeddings = openai_models(servers.base_url)
         parts = {"corpus": corpus(), "reranker": HTTPReranker(servers.base_url)}
         chain = module.build_chain(llm, embeddings, **parts)
@@ -89,7 +94,7 @@ def bench_langchain(
     expected, got = traces["langchain"].trees(), traces["teola"].trees()
     if expected != got:
         raise TraceMismatch(f"{example}: teola's traces differ from langchain's: {first_difference(expected, got)}")
-    server = server_figures(servers.backend, alone)
+    server = {**server_figures(servers.backend, alone), "max_num_seqs": max_num_seqs}
     return FrameworkBenchResult(example, queries, concurrency, time_scale, batching, latencies, server)
 
 

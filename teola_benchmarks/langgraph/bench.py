@@ -10,8 +10,10 @@ cache (`alone_s`); the cache is emptied again before the measured runs. Both sys
 answers (`module.answer(output)`) must be equal (else `AnswerMismatch`).
 
 `max_num_seqs` gives the LLM server vLLM's bound on running requests (the others queue,
-first come first served); Teola is then told the same bound (`model_concurrency`), as a
-user would set it to their server's. Without it the server runs every request at once.
+first come first served; `scheduling_policy="priority"` orders them by request priority).
+Teola is not told it: `teola.optimize(graph)` learns it from the server's `/metrics`
+(zero configuration; `options` may still give `model_concurrency`). Without it the server
+runs every request at once.
 """
 
 from __future__ import annotations
@@ -51,11 +53,7 @@ def bench_langgraph(
     from teola_examples.common import corpus, openai_models
 
     inputs = module.inputs(queries + 1)
-    options = {
-        **module.OPTIMIZE_OPTIONS,
-        **({"model_concurrency": max_num_seqs} if max_num_seqs else {}),
-        **(options or {}),
-    }
+    options = {**module.OPTIMIZE_OPTIONS, **(options or {})}
     with SimServers(time_scale=time_scale, batching=batching, max_num_seqs=max_num_seqs) as servers:
         llm, embeddings = openai_models(servers.base_url)
         graph = module.build_graph(llm, embeddings, corpus=corpus())

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from teola_core.ir.kinds import Capabilities, PrimitiveKind
 from teola_core.ir.node import Node
@@ -85,6 +85,22 @@ class EngineLimits:
     device: str | None = None
 
 
+class EngineControls(Protocol):
+    """What a runtime lets an engine's load watch do: see its queue, set its concurrency."""
+
+    def watch_engine(self, engine: str, watcher: Callable[[int, int], None]) -> None: ...
+
+    def set_concurrency(self, engine: str, concurrency: int) -> None: ...
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> None: ...
+
+
+class LoadWatch(Protocol):
+    """Learns an engine's concurrency from its server while a runtime runs it (one per runtime)."""
+
+    def attach(self, runtime: EngineControls, engine: str) -> None: ...
+
+
 class Engine(ABC):
     """Base class of all engines. Subclasses implement `run` (and `stream` if they can)."""
 
@@ -96,6 +112,9 @@ class Engine(ABC):
     # caller's callbacks and config, for engines over a framework's objects): the Ray
     # backend runs it in the driver and refuses to place it in an actor.
     driver_only: bool = False
+    # Set for an engine whose server reports its load (a vLLM-like server's /metrics): the
+    # local runtime attaches it, and it sets the engine's concurrency from what it learns.
+    load_watch: LoadWatch | None = None
 
     @abstractmethod
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import count
@@ -46,6 +46,7 @@ from teola_core.scheduler.events import (
     BatchFinished,
     CancelBatch,
     CancelNodes,
+    ConcurrencyChanged,
     Dispatch,
     EngineEvent,
     GraphAction,
@@ -118,6 +119,11 @@ class LocalRuntime(Runtime):
         self._idle = asyncio.Event()  # no batch in flight, every batch's end heard
         self._idle.set()
         self._closed = False
+        self._watchers: dict[str, list[Callable[[int, int], None]]] = {}
+        self._closing: list[Callable[[], Awaitable[None]]] = []
+        for name, engine in engines.engines.items():
+            if engine.load_watch is not None:
+                engine.load_watch.attach(self, name)
 
     # -- public ----------------------------------------------------------------------------
     def add_hook(self, hook: RuntimeHook) -> None:
@@ -130,6 +136,24 @@ class LocalRuntime(Runtime):
     def scheduler(self, engine: str) -> EngineScheduler:
         """The engine scheduler of `engine` (for inspection)."""
         return self._schedulers[engine]
+
+    def watch_engine(self, engine: str, watcher: Callable[[int, int], None]) -> None:
+        """Call `watcher(batches running, nodes pending)` after each change to `engine`'s queue."""
+        if engine not in self._schedulers:
+            raise KeyError(f"no engine {engine!r} in this runtime")
+        self._watchers.setdefault(engine, []).append(watcher)
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await `callback()` when the runtime closes (what an engine's load watch opened)."""
+        self._closing.append(callback)
+
+    def set_concurrency(self, engine: str, concurrency: int) -> None:
+        """Let `engine` run `concurrency` batches at once from now on (more start if slots opened)."""
+        if engine not in self._schedulers:
+            raise KeyError(f"no engine {engine!r} in this runtime")
+        if concurrency < 1:
+            raise ValueError(f"engine {engine!r}: concurrency must be at least 1, got {concurrency}")
+        self._to_engine(engine, ConcurrencyChanged(concurrency=concurrency))
 
     @property
     def slots_held(self) -> int:
@@ -180,6 +204,7 @@ class LocalRuntime(Runtime):
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         self._flush()  # the batches' ends, reported by their done callbacks
+        results += await asyncio.gather(*(callback() for callback in self._closing), return_exceptions=True)
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             raise errors[0]
@@ -305,6 +330,12 @@ class LocalRuntime(Runtime):
             self._idle.set()
 
     def _engine_handle(self, name: str, *events: EngineEvent) -> None:
+        self._engine_step(name, *events)
+        scheduler = self._schedulers[name]
+        for watcher in self._watchers.get(name, ()):
+            watcher(len(scheduler.running), scheduler.pending)
+
+    def _engine_step(self, name: str, *events: EngineEvent) -> None:
         try:
             actions = self._schedulers[name].handle(*events)
         except Exception as exc:  # a scheduler bug: fail the queries it concerned

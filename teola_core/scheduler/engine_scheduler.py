@@ -39,6 +39,7 @@ from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.scheduler.events import (
     BatchFinished,
     CancelBatch,
+    ConcurrencyChanged,
     EngineAction,
     EngineEvent,
     NodeReady,
@@ -81,6 +82,7 @@ class EngineScheduler:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.max_batch_items = max_batch_items
         self.batch_cost = batch_cost
+        self.instances = instances
         self.concurrency = self.policy.slots(concurrency, instances)
         self._running: dict[int, _Running] = {}
         self._by_query: dict[str, set[int]] = {}  # query -> running batches holding its calls
@@ -147,6 +149,10 @@ class EngineScheduler:
             elif isinstance(event, QueryCancelRequested):
                 self.policy.drop_query(event.query_id)
                 actions.extend(self._forget(event.query_id))
+            elif isinstance(event, ConcurrencyChanged):
+                if event.concurrency < 1:
+                    raise SchedulerError(f"engine {self.engine!r}: concurrency must be >= 1, got {event.concurrency}")
+                self.concurrency = self.policy.slots(event.concurrency, self.instances)
             else:
                 raise SchedulerError(f"engine scheduler cannot handle {type(event).__name__}")
         limit = self.policy.limit(self.max_batch_items)

@@ -11,7 +11,7 @@ so a test can feed events one by one and compare the actions exactly:
 
 Graph scheduler: `QuerySubmitted`, `NodeStarted`, `NodeFinished`, `NodeFailed`,
 `QueryCancelRequested` in; `Dispatch`, `QueryDone`, `QueryFailed`, `CancelNodes` out.
-Engine scheduler: `NodeReady`, `BatchFinished`, `QueryCancelRequested` in; `RunBatch`,
+Engine scheduler: `NodeReady`, `BatchFinished`, `QueryCancelRequested`, `ConcurrencyChanged` in; `RunBatch`,
 `CancelBatch` out. Stream groups (`streams`): see `teola_core.scheduler.streams`.
 """
 
@@ -178,7 +178,15 @@ class BatchFinished:
     now: float
 
 
-EngineEvent = NodeReady | BatchFinished | QueryCancelRequested
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConcurrencyChanged:
+    """The engine may now run `concurrency` batches at once (a server's learned bound): more
+    start if slots opened; running batches are never stopped when it shrinks."""
+
+    concurrency: int
+
+
+EngineEvent = NodeReady | BatchFinished | QueryCancelRequested | ConcurrencyChanged
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

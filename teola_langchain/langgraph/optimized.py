@@ -14,7 +14,7 @@ How: the optimized graph is an instance of a subclass of the graph's own class, 
 same attributes (`__dict__` copied, so the nodes, channels, checkpointer, store and cache
 are the original's). Every way of running a graph goes through `stream` or `astream`
 (`invoke`, `batch`, `stream_events`, `astream_events`, ... call them), so those two are
-the only methods it overrides: each opens a run (`GraphRuns.open`), sets the context
+the only methods it overrides: each opens a run (`ProgramRuns.open`), sets the context
 variable that puts the run's handler (`gate.py`) on every callback manager configured while
 LangGraph executes a step of the run, and closes the run when the stream ends, however
 it ends. A run inside a run (the graph called from a node of an optimized run) is part
@@ -57,16 +57,17 @@ from teola_core.runtime.parts import SharedOptions
 from teola_core.runtime.ray_options import RayOptions
 from teola_langchain.configure_hooks import holding
 from teola_langchain.engines import EngineChoices
-from teola_langchain.langgraph.gate import CURRENT_GATE
-from teola_langchain.langgraph.runs import GraphRuns
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
+from teola_langchain.program_order.admission import AUTO, Concurrency
+from teola_langchain.program_order.gate import CURRENT_GATE
+from teola_langchain.program_order.runs import ProgramRuns
 from teola_langchain.runnable import TeolaRunnable
 
 
 class OptimizedGraph:
     """Mixed into a copy of the user's compiled graph (see the module docstring)."""
 
-    _teola: GraphRuns
+    _teola: ProgramRuns
     _teola_original: Pregel
     _teola_chains: dict[str, TeolaRunnable[Any, Any]]  # nodes whose chain runs through teola.optimize
 
@@ -154,19 +155,25 @@ class OptimizedGraph:
         out = [
             f"Teola plan for the LangGraph graph {original.get_name()!r} ({type(original).__name__})\n",
             "LangGraph runs the graph (supersteps, state, checkpoints, streams); Teola schedules the model "
-            "calls its nodes make (teola_langchain.langgraph.gate).\n",
+            "calls its nodes make (teola_langchain.program_order.gate).\n",
         ]
         lines = [
             f"- {k.name}: {k.kind} ({k.runnable}): {_node_plan(k.kind, self._teola_chains.get(k.name))}"
             for k in node_kinds(original)
         ]
         out.append(section("nodes", "\n".join(lines) or "- none"))
-        bound = (
-            "no bound: a call goes as soon as its node makes it"
-            if runs.concurrency is None
-            else (f"at most {runs.concurrency} in flight per model; the others wait, earlier runs first")
-        )
-        out.append(section("model calls", f"- {bound}\n- engines so far: {', '.join(runs.engines()) or 'none'}"))
+        if runs.concurrency is None:
+            bound = "no bound: a call goes as soon as its node makes it"
+        elif runs.concurrency == AUTO:
+            bound = (
+                "learned from each model's server (async runs): calls go at once while it has room, and wait in "
+                "Teola, earlier runs first, once requests wait there"
+            )
+        else:
+            bound = f"at most {runs.concurrency} in flight per model; the others wait, earlier runs first"
+        servers = "".join(f"\n- server {line}" for line in runs.servers())
+        engines = ", ".join(runs.engines()) or "none"
+        out.append(section("model calls", f"- {bound}{servers}\n- engines so far: {engines}"))
         out.append(
             section(
                 "runs",
@@ -193,7 +200,7 @@ def _node_plan(kind: str, chain: TeolaRunnable[Any, Any] | None) -> str:
     return "run as written; the model calls it makes are scheduled by Teola"
 
 
-def _advice(graph: Pregel, chains: Mapping[str, Any], concurrency: int | None) -> list[str]:
+def _advice(graph: Pregel, chains: Mapping[str, Any], concurrency: Concurrency) -> list[str]:
     advice = []
     if is_create_agent(graph):
         advice.append(
@@ -210,9 +217,10 @@ def _advice(graph: Pregel, chains: Mapping[str, Any], concurrency: int | None) -
         )
     if concurrency is None:
         advice.append(
-            "model_concurrency: give the number of requests your model server runs at once (vLLM --max-num-seqs, "
-            "llama.cpp --parallel, an API's concurrency limit); calls beyond it then wait in Teola, earlier runs "
-            "first, instead of in the server's queue behind later runs' fan-outs"
+            "model_concurrency=None holds nothing: leave it 'auto' to learn each vLLM server's bound from its "
+            "/metrics, or give the number of requests your server runs at once (llama.cpp --parallel, an API's "
+            "concurrency limit); calls beyond it then wait in Teola, earlier runs first, instead of in the "
+            "server's queue behind later runs' fan-outs"
         )
     return advice
 
@@ -226,7 +234,7 @@ def optimized_class(cls: type[Pregel]) -> type[Pregel]:
 def optimize_graph(
     graph: Pregel,
     *,
-    model_concurrency: int | None = None,
+    model_concurrency: Concurrency = AUTO,
     runnable_nodes: bool = False,
     hooks: Sequence[RuntimeHook] = (),
     backend: str = DEFAULT_BACKEND,
@@ -235,8 +243,9 @@ def optimize_graph(
 ) -> Pregel:
     """A copy of `graph` whose model calls run on Teola (see the module docstring).
 
-    model_concurrency: model calls in flight at once per model (None: no bound); beyond
-        it calls wait in Teola, earlier runs first (`admission.py` says when that pays).
+    model_concurrency: model calls in flight at once per model: "auto" (learned from each
+        vLLM-like server's `/metrics`), an int, or None (no bound); beyond it calls wait in
+        Teola, earlier runs first (`admission.py`).
     runnable_nodes: run nodes that are LCEL chains (`RunnableSequence`, `RunnableParallel`,
         `RunnableBranch`) through `teola.optimize(chain)`; off, they run as LangChain runs them.
     hooks: runtime hooks (`teola_core.runtime.timeline.SpanRecorder`, ...): they see one
@@ -257,7 +266,7 @@ def optimize_graph(
     cls = optimized_class(type(original))
     fast = cls.__new__(cls)
     fast.__dict__.update(original.__dict__)
-    fast._teola = GraphRuns(original.get_name(), model_concurrency, hooks)
+    fast._teola = ProgramRuns(original.get_name(), model_concurrency, hooks)
     fast._teola_original = original
     fast._teola_chains = {}
     if runnable_nodes:

@@ -13,6 +13,7 @@ from teola_core.scheduler.engine_scheduler import EngineScheduler
 from teola_core.scheduler.events import (
     BatchFinished,
     CancelBatch,
+    ConcurrencyChanged,
     Dispatch,
     NodeReady,
     QueryCancelRequested,
@@ -185,6 +186,20 @@ def test_concurrency_limits_batches_in_flight() -> None:
     assert (third.batch_id, _names(third)) == (2, ["q3.a"])
     assert es.handle(BatchFinished(batch_id=0, now=2.0)) == []
     assert es.pending == 0 and len(es.running) == 1
+
+
+def test_a_changed_concurrency_starts_waiting_batches_and_never_stops_running_ones() -> None:
+    es = EngineScheduler("emb", policy="fifo", max_batch_items=1, concurrency=1)
+    [first] = es.handle(_ready("q1", "a"), _ready("q2", "a"), _ready("q3", "a"), _ready("q4", "a"))
+    grown = es.handle(ConcurrencyChanged(concurrency=3))
+    assert [_names(b) for b in grown] == [["q2.a"], ["q3.a"]] and es.pending == 1
+    assert es.handle(ConcurrencyChanged(concurrency=1)) == [] and len(es.running) == 3
+    assert es.handle(BatchFinished(batch_id=first.batch_id, now=1.0)) == []  # still 2 running > 1
+    assert es.handle(BatchFinished(batch_id=grown[0].batch_id, now=2.0)) == []
+    [last] = es.handle(BatchFinished(batch_id=grown[1].batch_id, now=3.0))
+    assert _names(last) == ["q4.a"]
+    with pytest.raises(SchedulerError, match="concurrency must be >= 1, got 0"):
+        es.handle(ConcurrencyChanged(concurrency=0))
 
 
 def test_cancel_drops_a_querys_pending_nodes_only() -> None:

@@ -11,10 +11,11 @@ so the model's own request finds every warmed token in the prefix cache (read fr
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import uuid
 from operator import itemgetter
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 
@@ -60,6 +61,11 @@ def model_args() -> dict[str, Any]:
         "max_tokens": 12,
         "http_async_client": httpx.AsyncClient(),
     }
+
+
+class FanOut(TypedDict):
+    items: list[str]
+    answers: Annotated[list[str], operator.add]
 
 
 def two_calls(first: Any, second: Any, answer_prompt: Any) -> Any:
@@ -129,3 +135,40 @@ def test_with_no_profiles_the_plan_learns_to_warm_and_keeps_the_answers() -> Non
     assert fast.on_graph and any("prefill-split" in p for p in fast.plan.main.passes)
     stats = fast._engines.engines["llm:ChatOpenAI"].warmer.stats
     assert stats.failures == 0 and stats.warmups + stats.repeats == 1  # the 4th call warmed its prompt start
+
+
+def test_a_langgraph_fan_out_reads_the_real_servers_load_and_keeps_the_answers() -> None:
+    """Zero configuration on real vLLM: its `/metrics` parse (running and waiting requests),
+    a burst larger than Teola's starting limit is held and then let through by what the
+    server reports, and every answer (greedy) equals plain LangGraph's."""
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Send
+
+    def graph_of(llm: Any) -> Any:
+        async def ask(state: dict[str, str]) -> dict[str, Any]:
+            return {"answers": [(await llm.ainvoke(state["item"])).content]}
+
+        b = StateGraph(FanOut)
+        b.add_node("ask", ask)
+        b.add_conditional_edges(START, lambda s: [Send("ask", {"item": i}) for i in s["items"]], ["ask"])
+        return b.compile()
+
+    inputs = [
+        {"items": [f"Name one Python module for task {r}.{i}." for i in range(12)], "answers": []} for r in range(3)
+    ]
+
+    async def run() -> tuple[list[Any], list[Any], Any]:
+        graph = graph_of(ChatOpenAI(**model_args()))
+        plain = await asyncio.gather(*(graph.ainvoke(x) for x in inputs))
+        fast = teola.optimize(graph_of(ChatOpenAI(**model_args())))
+        await fast.ainvoke({"items": ["Say hi."], "answers": []})
+        (calls,) = fast._teola.admission(asyncio.get_running_loop()).servers()
+        await calls.settled()
+        optimized = await asyncio.gather(*(fast.ainvoke(x) for x in inputs))
+        await calls.settled()
+        return plain, optimized, calls
+
+    plain, optimized, calls = asyncio.run(run())
+    assert optimized == plain
+    assert calls.vllm is True and calls.error is None and calls.last is not None
+    assert calls.held_total > 0 and calls.limit.readings >= 2 and calls.in_flight == calls.held == 0

@@ -134,3 +134,29 @@ def test_without_vllms_endpoints_the_server_is_plain_openai() -> None:
         assert httpx.get(f"{s.root_url}/metrics").status_code == 404
         r = httpx.post(f"{s.base_url}/completions", json={"model": "m", "prompt": [1, 2], "max_tokens": 1})
         assert r.status_code == 400
+
+
+def test_metrics_report_running_and_waiting_requests_as_vllm_names_them() -> None:
+    with SimServers(time_scale=1.0, max_num_seqs=1) as s:
+        client = OpenAI(base_url=s.base_url, api_key="x")
+        stream = client.completions.create(model="m", prompt="tell a long story", max_tokens=200, stream=True)
+        next(iter(stream))  # the first token came: the request runs
+        page = httpx.get(f"{s.root_url}/metrics").text
+        stream.close()
+    assert 'vllm:num_requests_running{model_name="sim"} 1.0' in page
+    assert 'vllm:num_requests_waiting{model_name="sim"} 0.0' in page
+    assert "vllm:kv_cache_usage_perc{" in page
+
+
+def test_a_priority_is_refused_unless_the_server_schedules_by_priority() -> None:
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1, "priority": 3}
+    with SimServers(time_scale=0.0) as fcfs, SimServers(time_scale=0.0, scheduling_policy="priority") as by_priority:
+        refused = httpx.post(f"{fcfs.base_url}/completions", json=body)
+        assert refused.status_code == 400 and "scheduling policy is 'fcfs'" in refused.text
+        assert httpx.post(f"{by_priority.base_url}/completions", json=body).status_code == 200
+        bad = httpx.post(
+            f"{by_priority.base_url}/chat/completions", json={**body, "messages": MESSAGES, "priority": "hi"}
+        )
+        assert bad.status_code == 400 and "priority must be an integer" in bad.text
+    with pytest.raises(ValueError, match="scheduling_policy must be one of"):
+        SimServers(scheduling_policy="lifo")  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ def test_langgraph_bench_json_shape(example: str, capsys: pytest.CaptureFixture[
     out = json.loads(capsys.readouterr().out)
     assert out["example"] == example and set(out["systems"]) == set(SYSTEMS)
     assert set(out["speedup_vs"]) == {"langgraph"}
-    assert out["server"]["max_num_seqs"] == 3 and out["server"]["teola_options"] == {"model_concurrency": 3}
+    assert out["server"]["max_num_seqs"] == 3 and out["server"]["teola_options"] == {}  # zero configuration
     assert set(out["server"]["alone_s"]) == set(SYSTEMS)
 
 
@@ -38,8 +38,8 @@ def test_langgraph_bench_open_loop(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_max_num_seqs_is_checked() -> None:
-    with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph"):
-        main(["bench", "--langchain", "naive_rag", "--max-num-seqs", "2"])
+    with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph and --langchain EXAMPLE"):
+        main(["bench", "--llamaindex", "fusion_rag", "--max-num-seqs", "2"])
     with pytest.raises(SystemExit, match="--max-num-seqs must be >= 1"):
         main(["bench", "--langgraph", "rag", "--max-num-seqs", "0"])
 
@@ -54,3 +54,20 @@ def test_the_server_runs_at_most_max_num_seqs_requests() -> None:
         answers = asyncio.run(ask())
     assert len(answers) == 4
     assert servers.backend.llm.stats.max_running == 1  # four requests at once, one decoding at a time
+
+
+def test_the_burst_on_a_server_of_your_own_reports_both_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m teola_benchmarks.langgraph.on_server URL`, here against the simulated vLLM-like
+    server (what it runs against a real vLLM): equal answers, what Teola learned, both ratios."""
+    from teola_benchmarks.langgraph.on_server import ROUNDS
+    from teola_benchmarks.langgraph.on_server import main as on_server
+
+    with SimServers(time_scale=0.01, max_num_seqs=2) as servers:
+        assert on_server([servers.root_url, "--model", "sim", "--runs", "4", "--documents", "10"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["systems"]) == set(ROUNDS) and out["runs"] == 4
+    assert out["mean_speedup_first_contact"] > 0 and out["mean_speedup_bound_known"] > 0
+    (learned,) = out["teola_learned"]
+    assert "vLLM-like; runs 2 at once" in learned
+    with pytest.raises(SystemExit, match="--runs and --documents must be >= 1"):
+        on_server(["http://127.0.0.1:9", "--runs", "0"])

@@ -7,6 +7,7 @@ that sees each call issued, the gate's engine scheduler announcing the calls que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import operator
 from typing import Annotated, Any, TypedDict
 
@@ -16,13 +17,14 @@ pytest.importorskip("langgraph")
 
 from engine_watch import queued
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import START, StateGraph
 from langgraph.types import Send
-from lg_fakes import EchoChat, GatedChat
+from lg_fakes import EchoChat, GatedChat, answer
 
 import teola
-from teola_langchain.langgraph.gate import CURRENT_GATE, RunCalls, model_engine
+from teola_langchain.program_order.gate import CURRENT_GATE, RunCalls, model_engine
 
 
 class State(TypedDict):
@@ -143,6 +145,56 @@ def test_a_failed_call_frees_its_slot_and_fails_its_run_as_the_graph_does() -> N
     want, got = asyncio.run(runs(graph)), asyncio.run(runs(fast))
     assert type(got[0]) is type(want[0]) is ValueError and str(got[0]) == str(want[0])
     assert got[1] == want[1]
+
+
+def beside_a_quick_step(llm: Any) -> Any:
+    """A quick step (its update streams first) beside one that asks the model two things at once."""
+
+    def quick(state: State) -> dict[str, Any]:
+        return {"answers": ["quick"]}
+
+    async def ask_two(state: State) -> dict[str, Any]:
+        replies = await asyncio.gather(*(llm.ainvoke(item) for item in state["items"]))
+        return {"answers": [r.content for r in replies]}
+
+    b = StateGraph(State)
+    b.add_node("quick", quick)
+    b.add_node("ask_two", ask_two)
+    b.add_edge(START, "quick")
+    b.add_edge(START, "ask_two")
+    return b.compile()
+
+
+@pytest.mark.parametrize("how", ["cancel the task", "close the stream"])
+def test_a_run_given_up_cancels_its_model_call_and_withdraws_its_held_ones(how: str) -> None:
+    """As plain LangGraph: the run's node tasks are cancelled, so its model call in flight
+    ends (cancelled) and its call held in Teola never starts; the slot is free for the next run."""
+
+    async def scenario() -> list[str]:
+        llm = GatedChat()
+        fast = teola.optimize(beside_a_quick_step(llm), model_concurrency=1)
+        given_up = {"first": "", "items": ["a", "b"], "answers": []}
+        if how == "cancel the task":
+            run = asyncio.create_task(fast.ainvoke(given_up))
+            await llm.began("a")
+            await waiting_in_teola(fast, 1).wait()  # b waits for a's slot
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+        else:
+            async with contextlib.aclosing(fast.astream(given_up)) as stream:
+                async for chunk in stream:
+                    assert chunk == {"quick": {"answers": ["quick"]}}
+                    await llm.began("a")
+                    await waiting_in_teola(fast, 1).wait()
+                    break  # the client leaves while a runs and b waits
+        nxt = asyncio.create_task(fast.ainvoke({"first": "", "items": ["c"], "answers": []}))
+        await llm.began("c")  # the slot a held is free again
+        llm.open()
+        assert sorted((await nxt)["answers"]) == sorted(["quick", answer([HumanMessage("c")])])
+        return llm.started
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == ["a", "c"]
 
 
 def test_calls_outside_a_run_and_node_configs_do_not_see_the_gate() -> None:

@@ -84,11 +84,12 @@ def test_by_default_chain_nodes_run_as_written_and_explain_says_what_each_node_i
         "- echo: function (RunnableCallable): run as written; the model calls it makes are scheduled by Teola",
         "- tools: tools (ToolNode): run by LangGraph",
         "runnable_nodes=True",
-        "model_concurrency: give the number of requests your model server runs at once",
+        "learned from each model's server (async runs)",
         "== mermaid (the graph as LangGraph draws it) ==\n---",
         "none recorded yet",
     ):
         assert line in text, line
+    assert "model_concurrency=None holds nothing" in teola.optimize(mixed(), model_concurrency=None).explain()
 
 
 def test_agents_with_the_middleware_keep_their_path_and_others_become_optimized_graphs() -> None:
@@ -106,8 +107,9 @@ def test_agents_with_the_middleware_keep_their_path_and_others_become_optimized_
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="model_concurrency must be at least 1 or None"):
-        teola.optimize(mixed(), model_concurrency=0)
+    for bad in (0, "16", 2.5, True):
+        with pytest.raises(ValueError, match="model_concurrency must be 'auto', None or an int >= 1"):
+            teola.optimize(mixed(), model_concurrency=bad)
     with pytest.raises(TypeError, match="unexpected keyword argument 'policy'"):
         teola.optimize(mixed(), policy="fifo")
     with pytest.raises(ValueError, match=r"optimize\(graph, backend=...\) applies to the graph's LCEL chain nodes"):

@@ -27,6 +27,7 @@ from teola_adapters.simulated.servers.batcher import BATCHING_MODES, Batching
 from teola_adapters.simulated.servers.completions import chat, completions
 from teola_adapters.simulated.servers.responder import ExampleResponder
 from teola_adapters.simulated.servers.retrieval import embeddings, metrics, rerank, reset_prefix_cache, tokenize
+from teola_adapters.simulated.servers.slots import RequestSlots, SchedulingPolicy
 
 
 def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, vllm_api: bool = True) -> FastAPI:
@@ -72,6 +73,7 @@ class SimServers:
         max_batch_items: int | None = None,
         vllm_api: bool = True,
         max_num_seqs: int | None = None,
+        scheduling_policy: SchedulingPolicy = "fcfs",
     ) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
@@ -80,6 +82,8 @@ class SimServers:
         self._responder = responder or ExampleResponder()
         self._max_batch_items = max_batch_items
         self._max_num_seqs = max_num_seqs
+        self._scheduling_policy = scheduling_policy
+        RequestSlots(max_num_seqs, scheduling_policy)  # bad options fail here, not on the server's thread
         self.vllm_api = vllm_api
         self._app: FastAPI | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +116,12 @@ class SimServers:
         ready = threading.Event()
         self._app = make_app(
             lambda: SimBackend(
-                self.time_scale, self.batching, self._responder, self._max_batch_items, self._max_num_seqs
+                self.time_scale,
+                self.batching,
+                self._responder,
+                self._max_batch_items,
+                self._max_num_seqs,
+                self._scheduling_policy,
             ),
             ready,
             self.vllm_api,

@@ -5,8 +5,9 @@
     vectors = await backend.embed_batches.submit(texts, len(texts))
 
 `max_num_seqs` (vLLM's option of that name): at most that many LLM requests run at once;
-the others wait, first come first served (None: every request runs at once, as when the
-KV cache holds them all).
+the others wait, first come first served, or by request `priority` with
+`scheduling_policy="priority"` (`slots.RequestSlots`; None: every request runs at once, as
+when the KV cache holds them all).
 
 It lives on the server's event loop: one `SimLLM` (continuous batching, prefix cache),
 one `SimEmbedder` and one reranker instance with the paper's profiles, shared by every
@@ -15,8 +16,6 @@ client of the server, so systems run against one server are compared fairly.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM, LLM_CACHE_TOK
 from teola_adapters.simulated.prefix_cache import PrefixCache
 from teola_adapters.simulated.reranker import relevance
 from teola_adapters.simulated.servers.batcher import Batcher, Batching
+from teola_adapters.simulated.servers.slots import RequestSlots, SchedulingPolicy
 from teola_adapters.simulated.text import tokens_of
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
@@ -58,9 +58,10 @@ class SimBackend:
         responder: Callable[[str, int], str],
         max_batch_items: int | None = None,
         max_num_seqs: int | None = None,
+        scheduling_policy: SchedulingPolicy = "fcfs",
     ) -> None:
         self.llm = SimLLM(LLM, time_scale=time_scale, responder=responder, cache_tokens=LLM_CACHE_TOKENS)
-        self.llm_slots = asyncio.Semaphore(max_num_seqs) if max_num_seqs else None  # FIFO, as vLLM's waiting queue
+        self.llm_slots = RequestSlots(max_num_seqs, scheduling_policy)
         self.embedder = SimEmbedder(EMBEDDER, time_scale=time_scale)
         self.rerank_clock = SimClock(time_scale)
         embed_max = max_batch_items or EMBEDDER.max_efficient_batch("embed")
@@ -93,21 +94,17 @@ class SimBackend:
     async def _kv(self, prompt: str) -> Any:
         return (await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.PREFILL), {"prompt": prompt})))["kv"]
 
-    async def generate(self, prompt: str, max_tokens: int) -> str:
-        async with self._running():
+    async def generate(self, prompt: str, max_tokens: int, priority: int = 0) -> str:
+        async with self.llm_slots.running(priority):
             kv = await self._kv(prompt)
             out = await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv}))
         return str(out["text"])
 
-    async def stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
-        async with self._running():
+    async def stream(self, prompt: str, max_tokens: int, priority: int = 0) -> AsyncIterator[str]:
+        async with self.llm_slots.running(priority):
             kv = await self._kv(prompt)
             async for piece in self.llm.stream(Call("http", _llm_node(PrimitiveKind.DECODE, max_tokens), {"kv": kv})):
                 yield piece
-
-    def _running(self) -> Any:
-        """One of `max_num_seqs` running requests (waiting for one first), or no limit."""
-        return self.llm_slots if self.llm_slots is not None else contextlib.nullcontext()
 
     def reset_prefix_cache(self) -> None:
         """Empty the LLM's prefix cache (between benchmark runs)."""

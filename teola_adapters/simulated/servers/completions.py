@@ -36,6 +36,15 @@ def error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+def request_priority(b: SimBackend, body: dict[str, Any]) -> int:
+    """vLLM's `priority` request field (lower runs first); ValueError names what is wrong."""
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    b.llm_slots.check_priority(priority)
+    return priority
+
+
 def _next_id(request: Request, prefix: str) -> tuple[str, int]:
     return f"{prefix}-{next(request.app.state.ids)}", int(time.time())
 
@@ -45,13 +54,17 @@ async def chat(request: Request) -> Any:
     b: SimBackend = request.app.state.backend
     b.requests["chat"] += 1
     prompt = messages_to_prompt(body["messages"])
+    try:
+        priority = request_priority(b, body)
+    except ValueError as exc:
+        return error(str(exc))
     model = body.get("model", "sim")
     value = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = int(value) if value else 256
     rid, created = _next_id(request, "chatcmpl")
     head = {"id": rid, "created": created, "model": model}
     if not body.get("stream"):
-        text = await b.generate(prompt, max_tokens)
+        text = await b.generate(prompt, max_tokens, priority)
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": usage(prompt, text)})
@@ -64,7 +77,7 @@ async def chat(request: Request) -> Any:
     async def events() -> AsyncIterator[bytes]:
         yield chunk({"role": "assistant", "content": ""}, None)
         text = ""
-        async for piece in b.stream(prompt, max_tokens):
+        async for piece in b.stream(prompt, max_tokens, priority):
             text += piece
             yield chunk({"content": piece}, None)
         yield chunk({}, "stop")
@@ -105,11 +118,15 @@ async def completions(request: Request) -> Any:
     prompts = completion_prompts(request, body["prompt"])
     if prompts is None:
         return error("prompts must be strings" + (" or token ids" if request.app.state.vllm_api else ""))
+    try:
+        priority = request_priority(b, body)
+    except ValueError as exc:
+        return error(str(exc))
     max_tokens = int(body.get("max_tokens") or 16)
     rid, created = _next_id(request, "cmpl")
     head = {"id": rid, "object": "text_completion", "created": created, "model": body.get("model", "sim")}
     if not body.get("stream"):
-        texts = await asyncio.gather(*(b.generate(p, max_tokens) for p in prompts))
+        texts = await asyncio.gather(*(b.generate(p, max_tokens, priority) for p in prompts))
         used = [usage(p, t) for p, t in zip(prompts, texts, strict=True)]
         choices = [{"index": i, "text": t, "finish_reason": "stop", "logprobs": None} for i, t in enumerate(texts)]
         return JSONResponse({**head, "choices": choices, "usage": {k: sum(u[k] for u in used) for k in used[0]}})
@@ -120,7 +137,7 @@ async def completions(request: Request) -> Any:
         return sse({**head, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]})
 
     async def events() -> AsyncIterator[bytes]:
-        async for piece in b.stream(prompts[0], max_tokens):
+        async for piece in b.stream(prompts[0], max_tokens, priority):
             yield chunk(piece, None)
         yield chunk("", "stop")
         yield b"data: [DONE]\n\n"

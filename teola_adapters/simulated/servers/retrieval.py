@@ -5,7 +5,7 @@
 Embeddings (float or base64) and rerank (Cohere/Jina shape) go through the backend's
 `Batcher`s. vLLM's extras, for Teola's vLLM engine to warm the prefix cache here as on
 vLLM: `/tokenize` (a `prompt`, or chat `messages` through the chat template), `/metrics`
-(the KV block size line) and `/reset_prefix_cache`.
+(running and waiting requests, KV usage, the KV block size line) and `/reset_prefix_cache`.
 """
 
 from __future__ import annotations
@@ -77,11 +77,23 @@ async def tokenize(request: Request) -> Any:
     return JSONResponse({"count": len(tokens), "max_model_len": 32_768, "tokens": tokens})
 
 
-async def metrics() -> Any:
-    """The line of vLLM's Prometheus metrics that gives the KV block size."""
-    return PlainTextResponse(
-        f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"}} 1.0\n'
-    )
+async def metrics(request: Request) -> Any:
+    """vLLM's Prometheus gauges of the LLM's load, and the line that gives the KV block size."""
+    b: SimBackend = request.app.state.backend
+    cache = b.llm.cache
+    usage = cache.running_blocks / cache.capacity_blocks if cache is not None and cache.capacity_blocks else 0.0
+    labels = 'model_name="sim"'
+    lines = [
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(b.llm_slots.running_count)}",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {float(b.llm_slots.waiting_count)}",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"}} 1.0',
+    ]
+    return PlainTextResponse("\n".join(lines) + "\n")
 
 
 async def reset_prefix_cache(request: Request) -> Any:

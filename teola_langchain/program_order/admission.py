@@ -10,15 +10,16 @@ slot is one call in flight.
 
 `concurrency` (the optimize option `model_concurrency`) bounds the calls of one model in
 flight; the others wait here, earlier runs first, instead of in the server's queue, where
-a run's last call would wait behind every later run's fan-out. Set it to what the server
-runs at once (vLLM's `--max-num-seqs`, llama.cpp's `--parallel`, an API's concurrency
-limit): measured on the simulated servers, a bound below what the server itself batches
-only loses throughput (a continuous-batching server that takes every request batches
-them better than any order Teola could choose), so by default (None) nothing waits.
+a run's last call would wait behind every later run's fan-out. "auto" (the default)
+learns the bound from the server itself: a vLLM-like server's `/metrics` say how many
+requests run and wait (`teola_adapters.server_load`), calls go at once while it has
+room and wait here only once requests wait there. A server that reports no load (or a
+model with no base URL) is never held. An int is a fixed bound (what the server runs at
+once: vLLM's `--max-num-seqs`, llama.cpp's `--parallel`); None holds nothing.
 
-    admission = ModelAdmission(concurrency=16)
+    admission = ModelAdmission()                 # "auto"; or concurrency=16
     held = HeldCall.on_running_loop()
-    task = asyncio.create_task(admission.hold("llm:gpt-x", held, rank=3, call_id="run3/1"))
+    task = asyncio.create_task(admission.hold("llm:gpt-x", held, rank=3, call_id="run3/1", server=url))
     await held.admitted           # the call may go now
     held.end()                    # its end reached the callbacks: the slot is free
 """
@@ -29,8 +30,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from teola_adapters.server_load import ServerCalls, ServerWatch
 from teola_core.engines.protocol import Call, EngineSet
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.graph import Graph
@@ -41,6 +43,15 @@ from teola_core.runtime.local import LocalRuntime
 from teola_langchain.agent_engine import AgentModelEngine
 
 UNBOUNDED = sys.maxsize
+AUTO = "auto"
+Concurrency = int | None | Literal["auto"]
+
+
+def check_concurrency(concurrency: Concurrency) -> None:
+    if concurrency == AUTO or concurrency is None:
+        return
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"model_concurrency must be 'auto', None or an int >= 1 (got {concurrency!r})")
 
 
 @dataclass(eq=False)
@@ -81,12 +92,13 @@ class HeldCallEngine(AgentModelEngine):
 class ModelAdmission:
     """The held calls of one event loop: an engine and a runtime per model, made on first use."""
 
-    def __init__(self, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
+    def __init__(self, concurrency: Concurrency = AUTO, hooks: Sequence[RuntimeHook] = ()) -> None:
+        check_concurrency(concurrency)
         self.concurrency = concurrency
         self.hooks = tuple(hooks)
         self._gates: dict[str, tuple[LocalRuntime, Graph]] = {}
+        self._servers: dict[str, ServerCalls] = {}
+        self._engines_at: dict[str, set[str]] = {}  # server root -> its engines (auto)
 
     def engines(self) -> list[str]:
         return list(self._gates)
@@ -94,21 +106,59 @@ class ModelAdmission:
     def runtime(self, engine: str) -> LocalRuntime:
         return self._gates[engine][0]
 
-    async def hold(self, engine: str, held: HeldCall, *, rank: int, call_id: str) -> None:
+    def servers(self) -> list[ServerCalls]:
+        return list(self._servers.values())
+
+    def passes(self, server: str | None) -> bool:
+        """A call to `server` goes at once, untouched (nothing to learn or hold there)."""
+        if self.concurrency != AUTO:
+            return False
+        return server is None or (server in self._servers and self._servers[server].vllm is False)
+
+    async def hold(self, engine: str, held: HeldCall, *, rank: int, call_id: str, server: str | None = None) -> None:
         """Queue `held` on `engine`'s scheduler by `rank`; returns when the call has ended."""
+        calls: ServerCalls | None = None
+        if self.concurrency == AUTO:
+            calls = self._server(server) if server is not None else None
+            if calls is None or not calls.vllm:  # unknown (read it) or not vLLM-like: the call goes
+                if calls is not None:
+                    calls.want_reading()
+                held.admit()
+                await asyncio.shield(held.ended)
+                return
+            engine = f"{engine}@{server}"
+            limit = calls.limit.limit
+        else:
+            limit = self.concurrency or UNBOUNDED
         gate = self._gates.get(engine)
         if gate is None:
-            runtime = LocalRuntime(EngineSet().add(HeldCallEngine(engine, self.concurrency or UNBOUNDED)))
+            runtime = LocalRuntime(EngineSet().add(HeldCallEngine(engine, limit)))
             for hook in self.hooks:
                 runtime.add_hook(hook)
+            if calls is not None and server is not None:
+                runtime.watch_engine(engine, calls.counts)
+                self._engines_at.setdefault(server, set()).add(engine)
             gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate
         await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
+
+    def _server(self, root: str) -> ServerCalls:
+        calls = self._servers.get(root)
+        if calls is None:
+            calls = self._servers[root] = ServerCalls(ServerWatch(root), lambda n: self._set_limit(root, n))
+        return calls
+
+    def _set_limit(self, root: str, limit: int) -> None:
+        for engine in self._engines_at.get(root, ()):
+            self._gates[engine][0].set_concurrency(engine, limit)
 
     async def close(self) -> None:
         for runtime, _ in self._gates.values():
             await runtime.close()
         self._gates.clear()
+        for calls in self._servers.values():
+            await calls.aclose()
+        self._servers.clear()
 
 
 def _call_graph(engine: str) -> Graph:

@@ -11,10 +11,11 @@ call made by the run's nodes (with the node's config or none, in subgraphs too) 
 to it, and nothing outside the run does.
 
 What the gate does with a call: with a bound on the model's calls in flight
-(`model_concurrency`), its `on_chat_model_start` / `on_llm_start` (awaited by LangChain
-before the model sends its request) waits until Teola's scheduler admits the call
-(`admission.py`); `on_llm_end` / `on_llm_error` free its slot. Without one nothing would
-ever wait, so the run's handler only counts the calls (`RunCalls`): no added latency. The request, the
+(`model_concurrency`, learned from the model's server by default, see `admission.py`),
+its `on_chat_model_start` / `on_llm_start` (awaited by LangChain before the model sends
+its request) waits until Teola's scheduler admits the call; `on_llm_end` / `on_llm_error`
+free its slot. Without one nothing would ever wait, so the run's handler only counts the
+calls (`RunCalls`): no added latency. The request, the
 answer and every other handler's callbacks are the model's own: the gate only delays
 the start. It is added as a non-inheritable handler, so nodes never find it in their
 config's callbacks, and it ignores chains, tools, agents and custom events.
@@ -38,8 +39,9 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
+from teola_adapters.server_load import root_of
 from teola_core.runtime.per_loop import running_loop
-from teola_langchain.langgraph.admission import HeldCall, ModelAdmission
+from teola_langchain.program_order.admission import HeldCall, ModelAdmission
 
 CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
 register_configure_hook(CURRENT_GATE, inheritable=False)
@@ -85,10 +87,10 @@ class RunGate(RunCalls):
     async def on_chat_model_start(
         self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any
     ) -> None:
-        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")))
+        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")), model_server(serialized))
 
     async def on_llm_start(self, serialized: dict[str, Any], prompts: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")))
+        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")), model_server(serialized))
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._on_loop(self._leave, run_id)
@@ -97,17 +99,20 @@ class RunGate(RunCalls):
         self._on_loop(self._leave, run_id)
 
     # -- holding -------------------------------------------------------------------------
-    async def _enter(self, call: UUID, engine: str) -> None:
-        if running_loop() is self.loop:
-            await self._hold(call, engine)
+    async def _enter(self, call: UUID, engine: str, server: str | None) -> None:
+        if self.admission.passes(server):  # nothing to hold or learn: the call goes
+            self.calls = next(self._count)
+        elif running_loop() is self.loop:
+            await self._hold(call, engine, server)
         else:  # a sync callback manager runs this on a loop of its own
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine), self.loop))
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine, server), self.loop))
 
-    async def _hold(self, call: UUID, engine: str) -> None:
+    async def _hold(self, call: UUID, engine: str, server: str | None) -> None:
         held = HeldCall.on_running_loop()
         self.calls = next(self._count)
         call_id = f"{self.run}/call{self.calls}"
-        task = self.loop.create_task(self.admission.hold(engine, held, rank=self.rank, call_id=call_id))
+        hold = self.admission.hold(engine, held, rank=self.rank, call_id=call_id, server=server)
+        task = self.loop.create_task(hold)
         task.add_done_callback(lambda t: _admit_on_failure(t, held))
         self._held[call] = (held, task)
         try:
@@ -153,6 +158,17 @@ def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, An
     if isinstance(ident, list) and ident:
         return "llm:" + ".".join(str(part) for part in ident)
     return "llm:" + (provider if isinstance(provider, str) else "model")
+
+
+def model_server(serialized: Mapping[str, Any] | None) -> str | None:
+    """The root URL of the OpenAI-compatible server a model calls, from its serialized form.
+
+    LangChain's OpenAI models serialize their `base_url` as `openai_api_base` (set only
+    when given); a model without one (OpenAI's own API, other providers) has no server
+    Teola can read.
+    """
+    base = ((serialized or {}).get("kwargs") or {}).get("openai_api_base")
+    return root_of(base) if isinstance(base, str) and base else None
 
 
 def _admit_on_failure(task: asyncio.Task[None], held: HeldCall) -> None:

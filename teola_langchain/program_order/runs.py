@@ -1,11 +1,13 @@
-"""The Teola side of an optimized graph's runs: one callback handler per run, ranked by start.
+"""The Teola side of an optimized object's runs (programs): one callback handler per run, ranked by start.
 
 With a bound on model calls, runs on one event loop share a `ModelAdmission` (its engines
 hold loop-bound futures): async runs use the caller's loop, sync runs the loop of a thread
 this object owns (`LoopThread`), where their held calls are scheduled while LangGraph's
-worker threads wait. Without one, a run's handler only counts its calls.
+worker threads wait. Without one, a run's handler only counts its calls. With the bound
+learned from the server ("auto", the default) async runs are gated and sync runs counted:
+concurrent runs are what make a server's queue, and they come from async callers.
 
-    runs = GraphRuns("rag", concurrency=None)
+    runs = ProgramRuns("rag")
     gate = runs.open(asyncio.get_running_loop())   # a run starts: rank 0, 1, ... (None: a sync run)
     ...                                            # its model calls report to `gate`
     runs.close(gate)                               # it ended: its slots are free
@@ -23,20 +25,19 @@ from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.loop_thread import LoopThread
 from teola_core.runtime.per_loop import PerLoop, running_loop
 from teola_core.runtime.timeline import RecentSpans
-from teola_langchain.langgraph.admission import ModelAdmission
-from teola_langchain.langgraph.gate import RunCalls, RunGate
+from teola_langchain.program_order.admission import AUTO, Concurrency, ModelAdmission, check_concurrency
+from teola_langchain.program_order.gate import RunCalls, RunGate
 
 
-class GraphRuns:
-    """Admissions per event loop, run ranks and counters of one optimized graph.
+class ProgramRuns:
+    """Admissions per event loop, run ranks and counters of one optimized graph or chain.
 
     hooks: runtime hooks of every loop's admission; `recent`, the last model calls' spans
     for `explain()`, is one more.
     """
 
-    def __init__(self, name: str, concurrency: int | None = None, hooks: Sequence[RuntimeHook] = ()) -> None:
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"model_concurrency must be at least 1 or None (got {concurrency})")
+    def __init__(self, name: str, concurrency: Concurrency = AUTO, hooks: Sequence[RuntimeHook] = ()) -> None:
+        check_concurrency(concurrency)
         self.name = name
         self.concurrency = concurrency
         self.recent = RecentSpans()
@@ -61,7 +62,7 @@ class GraphRuns:
         rank = next(self._ranks)
         with self._lock:
             self.runs += 1
-        if self.concurrency is None:
+        if self.concurrency is None or (self.concurrency == AUTO and loop is None):
             return RunCalls(f"run{rank}")
         if loop is None:  # the sync method's calls are scheduled on this object's own loop
             loop = self._thread.loop
@@ -82,6 +83,10 @@ class GraphRuns:
         """The model engines made so far, on every loop."""
         admissions = self._admissions.values()
         return sorted({name for a in admissions for name in a.engines()})
+
+    def servers(self) -> list[str]:
+        """What is known of the model servers read so far ("auto"), one line each."""
+        return [calls.describe() for a in self._admissions.values() for calls in a.servers()]
 
     def shutdown(self) -> None:
         """Stop the sync methods' loop thread (it restarts if used again)."""

@@ -1,0 +1,81 @@
+"""Reading a model server's load from `/metrics`: vLLM's gauges, summed over labels."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import respx
+
+from teola_adapters.server_load import MetricsUnreadable, ServerCalls, ServerWatch, parse_reading, root_of
+from teola_core.scheduler.server_limit import START_LIMIT, ServerReading
+
+VLLM_PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:num_requests_running{engine="1",model_name="m"} 5.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True"} 1.0
+"""
+
+
+def test_vllms_gauges_are_summed_over_their_labels() -> None:
+    assert parse_reading(VLLM_PAGE) == ServerReading(running=12, waiting=3, kv_usage=0.25)
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        "",
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n",
+        VLLM_PAGE.split("# TYPE vllm:num_requests_waiting")[0],
+    ],
+)
+def test_a_page_without_running_and_waiting_is_not_vllm_like(page: str) -> None:
+    assert parse_reading(page) is None
+
+
+def test_the_root_of_an_openai_base_url() -> None:
+    assert root_of("http://h:8000/v1") == root_of("http://h:8000/v1/") == "http://h:8000"
+    assert root_of("http://h:8000") == "http://h:8000"
+
+
+def _calls(page: httpx.Response) -> tuple[ServerCalls, list[int]]:
+    limits: list[int] = []
+    with respx.mock(base_url="http://vllm.test") as mock:
+        mock.get("/metrics").mock(return_value=page)
+
+        async def scenario() -> ServerCalls:
+            calls = ServerCalls(ServerWatch("http://vllm.test"), limits.append)
+            calls.want_reading()
+            await calls.settled()
+            return calls
+
+        return asyncio.run(scenario()), limits
+
+
+def test_a_server_that_fails_its_metrics_is_named_and_never_held() -> None:
+    calls, limits = _calls(httpx.Response(500, text="boom"))
+    assert calls.vllm is False and isinstance(calls.error, MetricsUnreadable) and limits == []
+    assert "http://vllm.test/metrics" in str(calls.error) and "500" in str(calls.error)
+    assert calls.describe().startswith("http://vllm.test: /metrics unreadable")
+
+
+def test_a_vllm_server_found_at_first_use_is_bounded_from_then_on() -> None:
+    calls, limits = _calls(httpx.Response(200, text=VLLM_PAGE))
+    assert calls.vllm is True and calls.last == ServerReading(running=12, waiting=3, kv_usage=0.25)
+    # found vLLM-like: the starting limit; requests wait there: what runs, and a little queue
+    assert calls.limit.capacity == 12 and limits == [START_LIMIT, 12 + 1]
+    assert "vLLM-like; runs 12 at once; Teola keeps at most 13 calls there" in calls.describe()
+
+
+def test_a_404_means_not_vllm_like() -> None:
+    calls, _ = _calls(httpx.Response(404))
+    assert calls.vllm is False and calls.error is None

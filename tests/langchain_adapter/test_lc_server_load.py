@@ -1,0 +1,86 @@
+"""An optimized chain's model engine learns its server's bound from `/metrics` (zero configuration).
+
+Real parts: the simulated vLLM-like server (running set and waiting queue of
+`max_num_seqs`, vLLM's gauges) and `ChatOpenAI` pointed at it. Calls beyond what the
+server runs then wait in Teola's engine scheduler (earliest query first) instead of in the
+server's queue; the answers are the chain's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain_openai")
+pytest.importorskip("uvicorn")
+
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.runnables import RunnableParallel
+
+import teola
+from teola_adapters.server_load import ServerLoadWatch
+from teola_adapters.simulated.servers import SimServers
+from teola_examples.common import openai_models
+
+
+def three_asks(llm: Any) -> Any:
+    """Three model calls of one query at once, then one that reads their answers."""
+    ask = {k: PromptTemplate.from_template(f"{k} about {{topic}}") | llm | StrOutputParser() for k in "abc"}
+    joined = PromptTemplate.from_template("Sum up: {a} / {b} / {c}")
+    return RunnableParallel(ask) | joined | llm | StrOutputParser()
+
+
+def run_burst(servers: SimServers, queries: int = 8, **options: Any) -> tuple[list[str], list[str], Any]:
+    """Plain, then optimized: the queries at once; what Teola learned of the server, and the object."""
+    llm, _ = openai_models(servers.base_url, max_tokens=16)
+    chain = three_asks(llm)
+    fast = teola.optimize(chain, **options)
+    inputs = [{"topic": f"topic {i}"} for i in range(queries)]
+
+    async def scenario() -> tuple[list[str], list[str], Any]:
+        plain = await asyncio.gather(*(chain.ainvoke(x) for x in inputs))
+        optimized = await asyncio.gather(*(fast.ainvoke(x) for x in inputs))
+        watches = [e.load_watch for e in fast._engines.engines.engines.values() if e.load_watch is not None]
+        assert all(isinstance(w, ServerLoadWatch) for w in watches)
+        on_graph = [calls for w in watches for calls in w.attached]
+        as_written = fast.programs.admission(asyncio.get_running_loop()).servers()
+        for calls in (*on_graph, *as_written):
+            await calls.settled()
+        return plain, optimized, (on_graph, as_written, fast)
+
+    try:
+        return asyncio.run(asyncio.wait_for(scenario(), 120))
+    finally:
+        fast.close()
+
+
+def test_on_teolas_graph_calls_beyond_what_the_server_runs_wait_in_its_engine_scheduler() -> None:
+    with SimServers(time_scale=0.2, max_num_seqs=2) as servers:
+        plain, optimized, (on_graph, as_written, fast) = run_burst(servers, execution="graph")
+    assert optimized == plain and fast.calls_on_graph == 8 and as_written == []
+    (calls,) = on_graph
+    assert calls.vllm and calls.limit.capacity == 2 and calls.held_total > 0
+    assert calls.in_flight == 0 and calls.held == 0
+    assert "(on Teola's graph): http://127.0.0.1" in fast.explain()
+
+
+def test_run_as_langchain_runs_it_each_call_is_a_program_whose_model_calls_teola_admits() -> None:
+    with SimServers(time_scale=0.2, max_num_seqs=2) as servers:
+        plain, optimized, (on_graph, as_written, fast) = run_burst(servers)
+    assert optimized == plain and fast.calls_on_graph == 0 and on_graph == []
+    (calls,) = as_written
+    assert calls.vllm and calls.limit.capacity == 2 and calls.held_total > 0
+    assert fast.programs.runs == 8 and fast.programs.model_calls == 8 * 4
+    assert "calls run as LangChain runs them: http://127.0.0.1" in fast.explain()
+
+
+@pytest.mark.parametrize("execution", ["graph", "auto"])
+def test_a_server_without_vllms_gauges_is_read_once_and_never_held(execution: str) -> None:
+    with SimServers(time_scale=0.01, vllm_api=False) as servers:
+        plain, optimized, (on_graph, as_written, _) = run_burst(servers, execution=execution)
+    assert optimized == plain
+    (calls,) = on_graph or as_written
+    assert calls.vllm is False and calls.held_total == 0 and calls.limit.readings == 0
