@@ -79,10 +79,11 @@ class ServerWatch:
                 return None
             response.raise_for_status()
             return parse_reading(response.text)
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
             raise MetricsUnreadable(f"{self.root_url}/metrics: {exc!r}") from exc
 
     async def aclose(self) -> None:
+        """Close the kept-alive client (a later read opens another)."""
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -99,7 +100,7 @@ class ServerLoadWatch:
 
     def attach(self, runtime: EngineControls, engine: str) -> None:
         calls = ServerCalls(ServerWatch(self.root_url), lambda n: runtime.set_concurrency(engine, n))
-        runtime.watch_engine(engine, calls.counts)
+        runtime.watch_engine(engine, calls.watcher(engine))
         runtime.on_close(calls.aclose)
         self.attached.add(calls)
 
@@ -127,12 +128,24 @@ class ServerCalls:
         self._again = False
         self._next_read = 0.0
         self._idle_reads = 0  # reads in a row that taught nothing
+        self._by_engine: dict[str, tuple[int, int]] = {}
+        self._closed = False
 
     # -- calls -----------------------------------------------------------------------------
+    def watcher(self, engine: str) -> Callable[[int, int], None]:
+        """The `watch_engine` watcher of one engine on this server: the server's counts are
+        the sum over its engines (each engine is still given the whole limit)."""
+
+        def counts(in_flight: int, held: int) -> None:
+            self._by_engine[engine] = (in_flight, held)
+            self.counts(sum(f for f, _ in self._by_engine.values()), sum(h for _, h in self._by_engine.values()))
+
+        return counts
+
     def counts(self, in_flight: int, held: int) -> None:
-        """The engine's queue changed: `in_flight` calls sent, `held` waiting in Teola
-        (a runtime's `watch_engine` watcher). Reads the server at first use, then when a
-        reading could change the limit (`ServerLimit.worth_reading`)."""
+        """The server's calls changed: `in_flight` sent, `held` waiting in Teola. Reads the
+        server at first use, then when a reading could change the limit
+        (`ServerLimit.worth_reading`)."""
         if held > self.held:
             self.held_total += held - self.held
         self.in_flight, self.held = in_flight, held
@@ -142,7 +155,7 @@ class ServerCalls:
     # -- readings --------------------------------------------------------------------------
     def want_reading(self) -> None:
         """Read the server soon: now if no read is in flight and the last is old enough."""
-        if self.vllm is False:
+        if self.vllm is False or self._closed:
             return
         if self._reading is not None:
             self._again = True
@@ -152,15 +165,21 @@ class ServerCalls:
         self._reading = loop.create_task(self._read(max(0.0, delay)))
 
     async def _read(self, delay: float) -> None:
+        cancelled = False
         try:
             if delay:
                 await asyncio.sleep(delay)  # the read interval's bound, not a poll: one read is owed
             in_flight = self.in_flight
             try:
                 reading = await self.watch.read()
-            except MetricsUnreadable as exc:
-                self.error, self.vllm = exc, False
+            except Exception as exc:  # kept in `error`, shown by explain(); never fails a call
+                self.error = exc
+                if not self.vllm:  # never read: not a server Teola can read, calls go at once
+                    self.vllm = False
+                else:  # it was read before: keep what was learned, read again later
+                    self._idle_reads += 1
                 return
+            self.error = None
             known = self.vllm
             self.vllm = reading is not None
             if reading is not None and not known:
@@ -172,13 +191,15 @@ class ServerCalls:
                 if after != before[0]:
                     self.on_limit(after)
                 self._idle_reads = 0 if self.limit.state != before else self._idle_reads + 1
-
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             self._reading = None
             base = LEARNING_INTERVAL_S if self.limit.capacity is None else KNOWN_INTERVAL_S
             interval = min(MAX_INTERVAL_S, base * 2 ** min(self._idle_reads, 10))
             self._next_read = asyncio.get_running_loop().time() + interval
-            if self._again and self.vllm and self.limit.worth_reading(self.in_flight, self.held):
+            if not cancelled and self._again and self.vllm and self.limit.worth_reading(self.in_flight, self.held):
                 self._again = False
                 self.want_reading()
             self._again = False
@@ -190,20 +211,23 @@ class ServerCalls:
 
     def describe(self) -> str:
         """One line for `explain()`: what Teola knows about the server."""
-        if self.error is not None:
+        if self.error is not None and not self.vllm:
             return f"{self.watch.root_url}: /metrics unreadable ({self.error!r}): calls go at once"
         if self.vllm is None:
             return f"{self.watch.root_url}: not read yet"
         if not self.vllm:
             return f"{self.watch.root_url}: no vLLM load gauges in /metrics: calls go at once"
         capacity = "not seen yet" if self.limit.capacity is None else f"{self.limit.capacity} at once"
+        failed = "" if self.error is None else f" (the last read failed: {self.error!r}; the bound stays)"
         return (
             f"{self.watch.root_url}: vLLM-like; runs {capacity}; Teola keeps at most {self.limit.limit} calls "
             f"there, the rest wait in Teola, earliest run first ({self.held_total} calls held so far, "
-            f"{self.limit.readings} readings)"
+            f"{self.limit.readings} readings){failed}"
         )
 
     async def aclose(self) -> None:
+        """Stop reading (a reading in flight is cancelled) and close the HTTP client."""
+        self._closed = True
         if self._reading is not None:
             self._reading.cancel()
             await asyncio.gather(self._reading, return_exceptions=True)

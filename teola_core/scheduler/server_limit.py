@@ -9,14 +9,15 @@ full) and queues the rest first come first served; it does not report that bound
 its `/metrics` say how many run and how many wait. Calls kept client-side beyond the
 bound can go in any order (Teola's: earliest program first); calls in the server's queue
 cannot. So the limit is `capacity`, the most the server was seen running while requests
-waited there (vLLM queues a new request until its next step, so one reading can show a
-few waiting beside free slots), plus a little `headroom` queued there so that no slot
-idles between a call's end and the next call's arrival. Until a queue is seen, the limit
-doubles on every reading with none while calls are held here (slow start: holding calls
-from a server with room is the costly mistake, overshooting by a doubling the cheap one,
-which the next reading corrects). Once the capacity is known it grows by one on a
-reading with no queue that counts every call we have there (`fresh`; the server may have
-gained room). `worth_reading` says when a reading could teach something.
+waited there, never below what it ran without a queue (vLLM queues a new request until
+its next step, so one reading can show a few waiting beside free slots), plus a little
+`headroom` queued there so that no slot idles between a call's end and the next call's
+arrival. Until a queue is seen, the limit doubles on every reading with none while
+calls are held here (slow start: holding calls from a server with room is the costly
+mistake, overshooting by a doubling the cheap one, which the next reading corrects).
+Once the capacity is known it grows by one on a reading with no queue that counts every
+call we have there (`fresh`; the server may have gained room). `worth_reading` says
+when a reading could teach something.
 Pure: readings in, a limit out.
 """
 
@@ -55,7 +56,7 @@ class ServerLimit:
         """Take a reading made with `in_flight` of our calls sent and `holding` calls held; the new limit."""
         self.readings += 1
         if reading.waiting > 0:
-            self.capacity = max(self.capacity or 1, reading.running)
+            self.capacity = max(self.capacity or 1, reading.running, self.room)
             self.limit = self.capacity + headroom(self.capacity)
         else:
             self.room = max(self.room, reading.running)

@@ -136,7 +136,7 @@ class ModelAdmission:
             for hook in self.hooks:
                 runtime.add_hook(hook)
             if calls is not None and server is not None:
-                runtime.watch_engine(engine, calls.counts)
+                runtime.watch_engine(engine, calls.watcher(engine))
                 self._engines_at.setdefault(server, set()).add(engine)
             gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate

@@ -22,7 +22,9 @@ config's callbacks, and it ignores chains, tools, agents and custom events.
 
 Sync runs: LangChain runs an async handler method of a sync callback manager on a loop
 of its own; the gate then waits for the admission made on the run's loop (Teola's loop
-thread) through a thread-safe future, and its end callbacks hop to that loop.
+thread) through a thread-safe future, and its end callbacks hop to that loop. With the
+learned bound ("auto") such a call is counted, not held: a sync model call made inside
+an async run may block the run's own loop, where its admission would have to be made.
 A call that never reports its end (a stream its caller abandoned) keeps its slot until
 the run ends, when `close()` frees every slot of the run.
 """
@@ -34,6 +36,7 @@ import itertools
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlparse
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -41,7 +44,7 @@ from langchain_core.tracers.context import register_configure_hook
 
 from teola_adapters.server_load import root_of
 from teola_core.runtime.per_loop import running_loop
-from teola_langchain.program_order.admission import HeldCall, ModelAdmission
+from teola_langchain.program_order.admission import AUTO, HeldCall, ModelAdmission
 
 CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
 register_configure_hook(CURRENT_GATE, inheritable=False)
@@ -100,9 +103,12 @@ class RunGate(RunCalls):
 
     # -- holding -------------------------------------------------------------------------
     async def _enter(self, call: UUID, engine: str, server: str | None) -> None:
-        if self.admission.passes(server):  # nothing to hold or learn: the call goes
+        on_loop = running_loop() is self.loop
+        if self.admission.passes(server) or (not on_loop and self.admission.concurrency == AUTO):
+            # nothing to hold or learn; or (learned bound) a sync model call in an async run,
+            # which may block the run's own loop: waiting for that loop would never end
             self.calls = next(self._count)
-        elif running_loop() is self.loop:
+        elif on_loop:
             await self._hold(call, engine, server)
         else:  # a sync callback manager runs this on a loop of its own
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine, server), self.loop))
@@ -163,12 +169,14 @@ def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, An
 def model_server(serialized: Mapping[str, Any] | None) -> str | None:
     """The root URL of the OpenAI-compatible server a model calls, from its serialized form.
 
-    LangChain's OpenAI models serialize their `base_url` as `openai_api_base` (set only
-    when given); a model without one (OpenAI's own API, other providers) has no server
-    Teola can read.
+    LangChain's OpenAI models serialize their `base_url` under `openai_api_base`, the
+    field's own name in their `lc_attributes` (set only when given); a model without one
+    (OpenAI's own API, other providers) has no server Teola can read.
     """
     base = ((serialized or {}).get("kwargs") or {}).get("openai_api_base")
-    return root_of(base) if isinstance(base, str) and base else None
+    if not isinstance(base, str) or not base or urlparse(base).hostname == "api.openai.com":
+        return None  # OpenAI's own API reports no load (as `openai_server.openai_compatible` rules)
+    return root_of(base)
 
 
 def _admit_on_failure(task: asyncio.Task[None], held: HeldCall) -> None:

@@ -79,3 +79,35 @@ def test_a_vllm_server_found_at_first_use_is_bounded_from_then_on() -> None:
 def test_a_404_means_not_vllm_like() -> None:
     calls, _ = _calls(httpx.Response(404))
     assert calls.vllm is False and calls.error is None
+
+
+def test_a_read_that_fails_after_the_server_was_read_keeps_what_was_learned() -> None:
+    pages = iter([httpx.Response(200, text=VLLM_PAGE), httpx.Response(503, text="busy")])
+    limits: list[int] = []
+    with respx.mock(base_url="http://vllm.test") as mock:
+        mock.get("/metrics").mock(side_effect=lambda request: next(pages))
+
+        async def scenario() -> ServerCalls:
+            calls = ServerCalls(ServerWatch("http://vllm.test"), limits.append)
+            for _ in range(2):
+                calls.want_reading()
+                await calls.settled()
+            await calls.aclose()
+            calls.want_reading()  # closed: no read starts
+            assert calls._reading is None
+            return calls
+
+        calls = asyncio.run(scenario())
+    assert calls.vllm is True and calls.limit.capacity == 12 and limits == [START_LIMIT, 13]
+    assert isinstance(calls.error, MetricsUnreadable) and "the bound stays" in calls.describe()
+
+
+def test_engines_on_one_server_are_counted_together() -> None:
+    calls = ServerCalls(ServerWatch("http://vllm.test"), lambda n: None)
+    calls.vllm = False  # no reads: only the counting is under test
+    first, second = calls.watcher("chat"), calls.watcher("completion")
+    first(3, 1)
+    second(2, 4)
+    assert (calls.in_flight, calls.held) == (5, 5)
+    first(0, 0)
+    assert (calls.in_flight, calls.held) == (2, 4) and calls.held_total == 5

@@ -45,8 +45,10 @@ def test_the_capacity_is_the_most_seen_running_while_requests_waited() -> None:
 def test_other_clients_requests_count_as_the_servers_load() -> None:
     limit = ServerLimit(start=4)
     assert limit.observe(ServerReading(running=6, waiting=0), in_flight=4, holding=True) == 8
-    assert limit.observe(ServerReading(running=0, waiting=3), in_flight=2, holding=True) == 2  # one runs, one queues
-    assert limit.capacity == 1
+    assert limit.observe(ServerReading(running=0, waiting=3), in_flight=2, holding=True) == 6 + 1  # it ran 6 before
+    fresh_start = ServerLimit(start=4)
+    assert fresh_start.observe(ServerReading(running=0, waiting=3), in_flight=2, holding=True) == 2  # 1 runs, 1 queues
+    assert fresh_start.capacity == 1
 
 
 def test_a_bad_start_is_refused() -> None:
@@ -64,3 +66,10 @@ def test_while_learning_a_reading_is_worth_it_at_each_new_high_of_calls_there() 
     assert limit.capacity == 4 and limit.limit == 5
     assert not limit.worth_reading(in_flight=5, held=0)  # known: only calls waiting here matter
     assert limit.worth_reading(in_flight=5, held=1)
+
+
+def test_one_reading_with_a_queue_never_sets_the_capacity_below_what_ran_without_one() -> None:
+    limit = ServerLimit()
+    limit.observe(ServerReading(running=32, waiting=0), in_flight=32, holding=True)
+    assert limit.observe(ServerReading(running=3, waiting=5), in_flight=40, holding=True) == 32 + 4
+    assert limit.capacity == 32

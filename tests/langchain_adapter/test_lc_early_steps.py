@@ -204,7 +204,10 @@ def test_errors_mid_chain_leave_langchains_trace(where: str, mode: str) -> None:
     plain, fast = failing(where), optimize(failing(where))
     try:
         assert fast.plan.early[0].early
-        inputs = [{"text": "cats"}] if mode in ("invoke", "ainvoke") else [{"text": "cats"}, {"text": "dogs"}]
+        # One input in every mode: when a batch's input fails, plain LangChain's own trace of
+        # the others depends on timing (their runs end with their own error, CancelledError,
+        # or not before the batch raises), so two runs of the plain chain can differ.
+        inputs = [{"text": "cats"}]
         expected, got = outcome(plain, mode, inputs), outcome(fast, mode, inputs)
         assert got[0] == expected[0] == "raised" and got[1] is expected[1]
         assert got[2] == expected[2]
