@@ -110,8 +110,8 @@ class ServerCalls:
 
     `vllm` is None until the first reading (calls go at once meanwhile), then whether the
     server reports its load; `on_limit(n)` is called when it is found vLLM-like and when
-    the limit changes. A read that fails is kept in `error` and the server is treated as
-    not vLLM-like (calls go at once).
+    the limit changes. A read that fails is kept in `error`: before any good read the
+    server is treated as not vLLM-like (calls go at once), after one the bound stays.
     """
 
     def __init__(self, watch: ServerWatch, on_limit: Callable[[int], None]) -> None:
@@ -180,11 +180,12 @@ class ServerCalls:
                     self._idle_reads += 1
                 return
             self.error = None
-            known = self.vllm
-            self.vllm = reading is not None
-            if reading is not None and not known:
-                self.on_limit(self.limit.limit)  # a vLLM-like server: its calls are bounded from now on
-            if reading is not None:
+            if reading is None:
+                self.vllm = False
+            else:
+                if not self.vllm:
+                    self.vllm = True
+                    self.on_limit(self.limit.limit)  # a vLLM-like server: its calls are bounded from now on
                 self.last = reading
                 before = self.limit.state
                 after = self.limit.observe(reading, in_flight=in_flight, holding=self.held > 0)

@@ -56,7 +56,7 @@ from teola_langchain.explain import explain_plan
 from teola_langchain.learning import SpanLearner
 from teola_langchain.patched import runs_own_code
 from teola_langchain.plans import Plan, Planner
-from teola_langchain.program_order.gate import CURRENT_GATE, RunCalls
+from teola_langchain.program_order.gate import CURRENT_GATE, RunCalls, gated_chunks
 from teola_langchain.program_order.runs import ProgramRuns
 from teola_langchain.replanning import LEARN_AFTER, Replanner
 from teola_langchain.same_structure import SameStructure
@@ -305,14 +305,11 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
             async for chunk in self.original.astream(input, config, **kwargs):
                 yield chunk
             return
-        try:  # the gate is held only while the stream's steps run: a yield hands the context back
-            async with contextlib.aclosing(self.original.astream(input, config, **kwargs)) as chunks:
-                while True:
-                    with holding(CURRENT_GATE, gate):
-                        try:
-                            chunk = await anext(chunks)
-                        except StopAsyncIteration:
-                            return
+        try:
+            async with contextlib.aclosing(
+                gated_chunks(gate, self.original.astream(input, config, **kwargs))
+            ) as chunks:
+                async for chunk in chunks:
                     yield chunk
         finally:
             self._close_program(gate)

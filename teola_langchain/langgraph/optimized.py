@@ -59,7 +59,7 @@ from teola_langchain.configure_hooks import holding
 from teola_langchain.engines import EngineChoices
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
 from teola_langchain.program_order.admission import AUTO, Concurrency
-from teola_langchain.program_order.gate import CURRENT_GATE
+from teola_langchain.program_order.gate import CURRENT_GATE, gated_chunks
 from teola_langchain.program_order.runs import ProgramRuns
 from teola_langchain.runnable import TeolaRunnable
 
@@ -101,21 +101,12 @@ class OptimizedGraph:
             return
         runs = self._teola
         gate = runs.open(asyncio.get_running_loop())
-        chunks = super().astream(*args, **kwargs).__aiter__()  # type: ignore[misc]
         try:
-            while True:
-                with holding(CURRENT_GATE, gate):
-                    try:
-                        chunk = await chunks.__anext__()
-                    except StopAsyncIteration:
-                        return
-                yield chunk
+            async with contextlib.aclosing(gated_chunks(gate, super().astream(*args, **kwargs))) as chunks:  # type: ignore[misc]
+                async for chunk in chunks:
+                    yield chunk
         finally:
-            try:
-                with holding(CURRENT_GATE, gate):
-                    await chunks.aclose()
-            finally:
-                runs.close(gate)
+            runs.close(gate)
 
     def copy(self, update: dict[str, Any] | None = None) -> Any:
         """LangGraph's copy (`with_config` uses it), still optimized, sharing this graph's runs."""

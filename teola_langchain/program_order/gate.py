@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 from uuid import UUID
 
@@ -44,8 +44,10 @@ from langchain_core.tracers.context import register_configure_hook
 
 from teola_adapters.server_load import root_of
 from teola_core.runtime.per_loop import running_loop
+from teola_langchain.configure_hooks import holding
 from teola_langchain.program_order.admission import AUTO, HeldCall, ModelAdmission
 
+T = TypeVar("T")
 CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
 register_configure_hook(CURRENT_GATE, inheritable=False)
 
@@ -164,6 +166,22 @@ def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, An
     if isinstance(ident, list) and ident:
         return "llm:" + ".".join(str(part) for part in ident)
     return "llm:" + (provider if isinstance(provider, str) else "model")
+
+
+async def gated_chunks(gate: RunCalls, chunks: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """`chunks` with `gate` held while the stream's steps run and while it is closed; each
+    yield hands the caller's context back without it (a stream's consumer runs between)."""
+    try:
+        while True:
+            with holding(CURRENT_GATE, gate):
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+            yield chunk
+    finally:
+        with holding(CURRENT_GATE, gate):
+            await chunks.aclose()
 
 
 def model_server(serialized: Mapping[str, Any] | None) -> str | None:
