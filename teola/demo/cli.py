@@ -147,21 +147,65 @@ def _print_result(console: Any, result: Any) -> None:
         f"answers equal (plain vs optimized): {'yes' if result.equal else 'NO'}",
         f"speedup: {result.speedup:.2f}x (total), {result.latency_speedup:.2f}x (mean latency)",
         f"plain LangChain: {p.total_s:.2f} s for {len(result.questions)} questions at once "
-        f"(mean latency {p.mean_s:.2f} s)",
+        f"(mean latency {p.mean_s:.2f} s; mean of {len(result.rounds)} rounds)",
         f"teola.optimize:  {t.total_s:.2f} s (mean latency {t.mean_s:.2f} s)",
-        f"llama.cpp work, plain / teola.optimize: prompt tokens computed {ps['computed_tokens']} / "
+        *(_round_line(n, r) for n, r in enumerate(result.rounds, 1)),
+        f"llama.cpp work over all rounds, plain / teola.optimize: prompt tokens computed {ps['computed_tokens']} / "
         f"{ts['computed_tokens']} (reused {ps['reused_tokens']} / {ts['reused_tokens']}), "
         f"tokens written {ps['decode_tokens']} / {ts['decode_tokens']} in {ps['decode_steps']} / "
         f"{ts['decode_steps']} decode steps",
         f"teola.optimize stepped decodes {steps}, earliest question first"
         + (f" (decode step by sequences, measured at start: {measured})" if measured else ""),
         host_note(result.decode_step_s),
+        *(
+            [time_note(result.plain_llama, result.teola_llama), verdict(result)]
+            if result.plain_llama and result.teola_llama
+            else []
+        ),
         f"llama.cpp: {result.llm_threads} thread per engine; teola.optimize used {result.llm_replicas} "
         "instance(s), plain LangChain's model 1",
         f"wrote {result.timeline} and {result.results}",
         f"Postgres data: {result.pgdata} (kept for the next run; the server stops when the demo exits)",
     ]
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+
+
+def time_note(plain: Any, teola: Any) -> str:
+    """Where llama.cpp's time went in each mode (mean of the rounds): what serving questions
+    one after another cost in decode time, and what overlapping retrieval with the model gave back."""
+    return (
+        f"llama.cpp time per run, plain / teola.optimize: reading prompts {plain.prefill_s:.2f} / "
+        f"{teola.prefill_s:.2f} s, writing {plain.decode_s:.2f} / {teola.decode_s:.2f} s, idle while "
+        f"retrieval ran {plain.idle_s:.2f} / {teola.idle_s:.2f} s (writing {teola.decode_s - plain.decode_s:+.2f} s: "
+        f"fewer questions a step, earliest first; idle {teola.idle_s - plain.idle_s:+.2f} s: retrieval "
+        "overlapped with the model's work)"
+    )
+
+
+def verdict(result: Any) -> str:
+    """One line: whether Teola won in total on this host, and if not, why (from the measured split)."""
+    plain, teola = result.plain_llama, result.teola_llama
+    if result.speedup >= 1.0:
+        return "teola.optimize finished sooner in total and answered earlier on average on this host"
+    room = plain.idle_s / result.plain.total_s  # the most overlapping the model with the rest can save
+    if teola.decode_s <= plain.decode_s:
+        return (
+            f"why not sooner in total here: the model idles only {plain.idle_s:.2f} s of plain's "
+            f"{result.plain.total_s:.2f} s (retrieval is fast), so overlap can save at most {room:.0%}"
+        )
+    return (
+        f"why not sooner in total here: the model idles only {plain.idle_s:.2f} s of plain's "
+        f"{result.plain.total_s:.2f} s (retrieval is fast), so overlap can save at most {room:.0%}, less than "
+        f"answering one question after another costs in writing ({teola.decode_s - plain.decode_s:+.2f} s)"
+    )
+
+
+def _round_line(number: int, figures: dict[str, Any]) -> str:
+    first = "plain LangChain" if figures["order"][0] == "plain" else "teola.optimize"
+    return (
+        f"  round {number} ({first} first): {figures['speedup']:.2f}x (total), "
+        f"{figures['latency_speedup']:.2f}x (mean latency)"
+    )
 
 
 def host_note(step_s: dict[int, float]) -> str:

@@ -6,8 +6,10 @@
 In order: load SmolLM2 on llama.cpp twice (one engine per run, so neither inherits the
 other's prefix states), warm both and measure the decode step (any native crash happens
 before Postgres starts); load MiniLM and the embedded Postgres; ingest the corpus (or reuse
-it); run the chain plain (concurrent `ainvoke`, one per question), then optimized; check
-the answers are equal (greedy decoding); write the timeline picture and a JSON of results.
+it); run the chain plain (concurrent `ainvoke`, one per question), then optimized, then
+again optimized first and plain second on cold engines (`ORDERS`: each order once, the
+figures are the means); check every run's answers are equal (greedy decoding); write the
+timeline picture and a JSON of results.
 Why one thread per engine: docs/demo.md.
 """
 
@@ -27,6 +29,10 @@ from teola.demo.corpus import Paragraph, ingest, load_corpus
 from teola.demo.timeline import Run, call_bars, draw, llama_bars
 
 RETRIEVE_K = 2  # paragraphs per expanded query
+# Each round runs both modes one after the other, the first round plain first, the second
+# optimized first: on a shared 2-core host the second run of a pair can be slower for reasons
+# outside both (plain vs plain on fresh engines: 0.87-0.95x here), so each order runs once.
+ORDERS: tuple[tuple[str, str], ...] = (("plain", "teola"), ("teola", "plain"))
 EXPECTED_QUERIES = 3  # what the expansion prompt asks for (a planning hint for decode pipelining)
 
 
@@ -60,6 +66,73 @@ class RunTimes:
         return sum(self.per_question_s) / len(self.per_question_s)
 
 
+@dataclass(frozen=True)
+class LlamaTime:
+    """Where one run's llama.cpp time went (seconds, summed over its instances): reading
+    prompts, writing tokens, and idle while the run lasted (waiting on retrieval)."""
+
+    prefill_s: float
+    decode_s: float
+    idle_s: float
+
+    @classmethod
+    def of(cls, work: Sequence[Any], total_s: float, instances: int) -> LlamaTime:
+        prefill = sum(w.ended - w.began for w in work if w.kind == "prefill")
+        decode = sum(w.ended - w.began for w in work if w.kind == "decode")
+        return cls(prefill, decode, max(0.0, total_s * instances - prefill - decode))
+
+    @classmethod
+    def mean(cls, times: Sequence[LlamaTime]) -> LlamaTime:
+        n = len(times)
+        return cls(*(sum(getattr(t, f) for t in times) / n for f in ("prefill_s", "decode_s", "idle_s")))
+
+
+@dataclass
+class Measured:
+    """One run of one mode: its answers, times, llama.cpp time and timeline row."""
+
+    answers: list[str]
+    times: RunTimes
+    llama: LlamaTime
+    run: Run
+
+
+@dataclass
+class Round:
+    """Both modes run one after the other, in `order`."""
+
+    order: tuple[str, str]
+    runs: dict[str, Measured]  # by mode
+
+    @property
+    def plain(self) -> Measured:
+        return self.runs["plain"]
+
+    @property
+    def teola(self) -> Measured:
+        return self.runs["teola"]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "order": list(self.order),
+            "plain_s": asdict(self.plain.times),
+            "teola_s": asdict(self.teola.times),
+            "speedup": self.plain.times.total_s / self.teola.times.total_s,
+            "latency_speedup": self.plain.times.mean_s / self.teola.times.mean_s,
+            "plain_llama_s": asdict(self.plain.llama),
+            "teola_llama_s": asdict(self.teola.llama),
+        }
+
+
+def _pooled(times: Sequence[RunTimes]) -> RunTimes:
+    """One mode over the rounds: the mean total and each question's mean latency."""
+    n = len(times)
+    return RunTimes(
+        sum(t.total_s for t in times) / n,
+        [sum(t.per_question_s[q] for t in times) / n for q in range(len(times[0].per_question_s))],
+    )
+
+
 @dataclass
 class DemoResult:
     questions: list[str]
@@ -80,10 +153,14 @@ class DemoResult:
     plain_steps: dict[int, int] = field(default_factory=dict)
     llm_threads: int = 1
     llm_replicas: int = 1
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # each round's order and figures
+    plain_llama: LlamaTime | None = None  # where llama.cpp's time went, mean over the rounds
+    teola_llama: LlamaTime | None = None
+    all_answers_equal: bool = True  # every run of every round answered as plain's first run
 
     @property
     def equal(self) -> bool:
-        return self.plain_answers == self.teola_answers
+        return self.plain_answers == self.teola_answers and self.all_answers_equal
 
     @property
     def speedup(self) -> float:
@@ -153,19 +230,18 @@ async def run_demo(
     previous_threads = torch.get_num_threads()
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
-    plain_work: list[Any] = []
-    teola_work: list[Any] = []
+    work: dict[str, list[Any]] = {"plain": [], "teola": []}  # each run's llama.cpp work, for its timeline
     calls: list[tuple[str, float, float]] = []  # embeddings and searches of both runs
     engines: list[Any] = []
     closing: list[Any] = []
     try:
         report.start("loading SmolLM2 on llama.cpp (one per run)")
-        plain_engine = LlamaCppEngine(n_threads=llm_threads, on_work=plain_work.append)
+        plain_engine = LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["plain"].append(done))
         engines.append(plain_engine)
-        teola_engine = LlamaCppEngine(n_threads=llm_threads, on_work=teola_work.append)
+        teola_engine = LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["teola"].append(done))
         engines.append(teola_engine)
         for _ in range(llm_replicas - 1):
-            engines.append(LlamaCppEngine(n_threads=llm_threads, on_work=teola_work.append))
+            engines.append(LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["teola"].append(done)))
         replicas = engines[2:]
         plain_llm = ChatSmolLM(engine=plain_engine, max_tokens=max_tokens)
         teola_llm = ChatSmolLM(engine=teola_engine, max_tokens=max_tokens)
@@ -198,40 +274,55 @@ async def run_demo(
         retriever = vectors.as_retriever(search_kwargs={"k": RETRIEVE_K})
         await retriever.ainvoke("warm-up")  # the embedder's threads and a database connection
         inputs = [{"question": q} for q in asked]
-
-        report.start(f"plain LangChain: {questions} questions at once", total=questions)
-        plain_chain = build_chain(plain_llm, retriever)
-        plain_answers, plain_times, plain_began = await _timed(
-            [lambda i=i: plain_chain.ainvoke(i) for i in inputs], report.advance
-        )
-        report.start(f"teola.optimize: {questions} questions at once", total=questions)
-        fast = optimize_native(
-            build_chain(teola_llm, retriever),
-            replicas=replicas,
-            decode_batch=decode_batch,
-            expected_items=EXPECTED_QUERIES,
-            warn=False,
-        )
-        teola_answers, teola_times, teola_began = await _timed(
-            [lambda i=i: fast.ainvoke(i) for i in inputs], report.advance
-        )
+        chains = {"plain": build_chain(plain_llm, retriever), "teola": build_chain(teola_llm, retriever)}
+        labels = {"plain": "plain LangChain", "teola": "teola.optimize"}
+        rounds: list[Round] = []
+        for number, order in enumerate(ORDERS, 1):
+            if number > 1:  # cold again: neither run inherits prefix states from the round before
+                for engine in engines:
+                    await engine.run_task(engine.sequences.forget)
+            measured: dict[str, Measured] = {}
+            for mode in order:
+                work[mode] = []
+                suffix = "" if number == 1 else f" (round {number}, {labels[order[0]]} first)"
+                report.start(f"{labels[mode]}: {questions} questions at once{suffix}", total=questions)
+                chain = chains[mode]
+                if mode == "teola":  # a fresh optimized object each round: nothing learned carries over
+                    chain = optimize_native(
+                        chains["teola"],
+                        replicas=replicas,
+                        decode_batch=decode_batch,
+                        expected_items=EXPECTED_QUERIES,
+                        warn=False,
+                    )
+                answers, times, began = await _timed(
+                    [lambda i=i, c=chain: c.ainvoke(i) for i in inputs], report.advance
+                )
+                instances = 1 if mode == "plain" else llm_replicas
+                measured[mode] = Measured(
+                    answers,
+                    times,
+                    LlamaTime.of(work[mode], times.total_s, instances),
+                    _run(f"{labels[mode]}{suffix}", work[mode], calls, began, times, asked),
+                )
+            rounds.append(Round(order, measured))
 
         report.start("drawing the timeline")
-        runs = [
-            _run("plain LangChain", plain_work, calls, plain_began, plain_times, asked),
-            _run("teola.optimize", teola_work, calls, teola_began, teola_times, asked),
-        ]
+        plain_times, teola_times = _pooled([r.plain.times for r in rounds]), _pooled([r.teola.times for r in rounds])
+        answers_equal = all(m.answers == rounds[0].plain.answers for r in rounds for m in (r.plain, r.teola))
         title = (
             f"teola demo: {questions} questions at once on SmolLM2 (llama.cpp), MiniLM and pgvector\n"
-            f"speedup with teola.optimize: {plain_times.total_s / teola_times.total_s:.2f}x in total time, "
+            f"speedup with teola.optimize over {len(rounds)} rounds (each order once): "
+            f"{plain_times.total_s / teola_times.total_s:.2f}x in total time, "
             f"{plain_times.mean_s / teola_times.mean_s:.2f}x in mean latency "
-            f"({'answers equal' if plain_answers == teola_answers else 'ANSWERS DIFFER'})"
+            f"({'answers equal' if answers_equal else 'ANSWERS DIFFER'})"
         )
+        runs = [r.runs[mode].run for r in rounds for mode in r.order]  # in the order they ran
         timeline = draw(runs, asked, title, out / "teola-demo-timeline.png")
         result = DemoResult(
             questions=asked,
-            plain_answers=plain_answers,
-            teola_answers=teola_answers,
+            plain_answers=rounds[0].plain.answers,
+            teola_answers=rounds[0].teola.answers,
             plain=plain_times,
             teola=teola_times,
             collection=collection,
@@ -247,6 +338,10 @@ async def run_demo(
             plain_steps=dict(plain_engine.steps_by_size),
             llm_threads=llm_threads,
             llm_replicas=llm_replicas,
+            rounds=[r.summary() for r in rounds],
+            plain_llama=LlamaTime.mean([r.plain.llama for r in rounds]),
+            teola_llama=LlamaTime.mean([r.teola.llama for r in rounds]),
+            all_answers_equal=answers_equal,
         )
         _write_results(result)
         return result
@@ -290,6 +385,7 @@ def _write_results(result: DemoResult) -> None:
         "pgdata": result.pgdata,
         "llm_threads": result.llm_threads,
         "teola_llm_instances": result.llm_replicas,
+        "rounds": result.rounds,
         "cpus": os.cpu_count(),
     }
     result.results.parent.mkdir(parents=True, exist_ok=True)

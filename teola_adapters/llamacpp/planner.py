@@ -20,7 +20,10 @@ A caller may instead let the step's size follow the measured cost of a step by s
 count (`Work.by_cost`, `step_size`): of the ready decodes, the best-ranked k step
 together, k chosen for the least mean completion; the worker keeps the time that costs
 beyond always stepping every ready decode together (what a server that batches gets,
-`extra_seconds`) within a budget, and steps them all once it is spent.
+`extra_seconds`) within a budget, and steps them all once it is spent. That time is counted
+against the step every ready decode and every decode a waiting prefill prepares would make
+(`Plan.ready`): holding a later question's prompt back so an earlier one decodes alone costs
+what the fuller step would have saved.
 """
 
 from __future__ import annotations
@@ -42,13 +45,15 @@ class Work:
     running: bool = False  # decodes: holds a sequence (else waits for one)
     item: Any = field(default=None, repr=False)
     by_cost: bool = False  # decodes: the step's size follows the step cost (`step_size`)
+    joins: bool = False  # prefills: a decode of its query follows (a full prompt, not a partial one)
 
 
 @dataclass(frozen=True)
 class Plan:
     step: tuple[Work, ...] = ()  # decodes to advance one token together (waiting ones first take a sequence)
     prefill: Work | None = None  # or the prefill to advance one chunk
-    ready: int = 0  # decodes the step could have held (before a by-cost step took fewer)
+    ready: int = 0  # decodes the step could have held: the ready ones, and for a by-cost step those of
+    # the prefills that would join it (what stepping everything together after every prefill holds)
 
     @property
     def idle(self) -> bool:
@@ -60,22 +65,25 @@ def plan(
     decodes: Sequence[Work],
     free: int,
     begun: Work | None = None,
-    size: Callable[[int], int] | None = None,
+    size: Callable[[int, int], int] | None = None,
 ) -> Plan:
     """The next action (see the module doc). `free`: sequences nobody holds; `begun`: the
     prefill that has evaluated some chunks and holds a sequence (it runs before other prefills);
-    `size`: how many of n ready decodes to step, for decodes that step `by_cost`."""
+    `size(n, potential)`: how many of n ready decodes to step, for decodes that step `by_cost`,
+    when `potential` decodes would step together if every prefill that `joins` ran first."""
     step = _step(decodes, free)
     ready = len(step)
     by_cost = size is not None and any(d.by_cost for d in step)
     if by_cost:
-        step = step[: max(1, min(len(step), size(len(step))))]  # type: ignore[misc]
+        joining = sum(p.joins for p in (*prefills, *([begun] if begun is not None else [])))
+        ready = min(ready + joining, min(d.cap for d in step))
+        step = step[: max(1, min(len(step), size(len(step), ready)))]  # type: ignore[misc]
     prefill = begun if begun is not None else min(prefills, key=lambda w: w.rank, default=None)
     if prefill is not None:
         # room: the decode the prefill prepares would join the step (by cost: only if that pays)
         room = bool(step) and len(step) < min(d.cap for d in step)
         if by_cost:
-            room = room and size(len(step) + 1) > len(step)  # type: ignore[misc]
+            room = room and size(len(step) + 1, ready) > len(step)  # type: ignore[misc]
         if not step or prefill.rank < step[0].rank or room:
             return Plan(prefill=prefill)
     return Plan(step=step, ready=ready)

@@ -151,21 +151,22 @@ class Worker:
             raise
 
     def _plan(self) -> Plan:
-        prefills = [Work(p.rank, item=p) for p in self._prefills]
+        prefills = [Work(p.rank, item=p, joins=_joins(p)) for p in self._prefills]
         decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
-        begun = None if self._begun is None else Work(self._begun.rank, item=self._begun)
+        begun = None if self._begun is None else Work(self._begun.rank, item=self._begun, joins=_joins(self._begun))
         reserve = 0 if begun is not None else 1  # a sequence for the next prefill
         self._cost = cost_curve(self.step_costs) if self.step_costs else None
         size = self._step_size if self._cost is not None else None
         return plan(prefills, decodes, max(0, self.seqs.free() - reserve), begun, size)
 
-    def _step_size(self, n: int) -> int:
+    def _step_size(self, n: int, potential: int) -> int:
         """The mean-latency best step of n ready decodes, while what it costs beyond stepping all
-        n stays within `STEP_SLACK` of the time busy so far; all n once that budget is spent."""
+        `potential` (the ready ones and those the waiting prefills prepare) stays within
+        `STEP_SLACK` of the time busy so far; all n once that budget is spent."""
         cost = self._cost
         assert cost is not None
         k = step_size(n, cost)
-        extra = extra_seconds(k, n, cost)
+        extra = extra_seconds(k, max(n, potential), cost)
         if extra <= 0 or self._extra + extra <= STEP_SLACK * (time.perf_counter() - self._busy_since):
             return k
         return n
@@ -309,6 +310,12 @@ class Worker:
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(error)
+
+
+def _joins(prefill: _Prefill) -> bool:
+    """A full prompt's prefill: its query's decode follows (a partial prefill only prepares a prefix)."""
+    call = prefill.job.call
+    return call is not None and call.node.kind != PrimitiveKind.PARTIAL_PREFILL
 
 
 def _settle(job: Job, compute: Callable[[], Any]) -> None:

@@ -114,12 +114,29 @@ def test_cost_curve_interpolates_between_measured_counts() -> None:
 
 def test_a_by_cost_step_takes_the_size_the_curve_chooses_best_ranked_first() -> None:
     ds = [Work((0, 1), 4, True, by_cost=True), Work((1, 2), 4, True, by_cost=True), Work((2, 3), 4, True, by_cost=True)]
-    assert plan([], ds, free=0, size=lambda n: 1).step == (ds[0],)
+    assert plan([], ds, free=0, size=lambda n, potential: 1).step == (ds[0],)
     plain = [Work((0, 1), 4, True), Work((1, 2), 4, True)]
-    assert plan([], plain, free=0, size=lambda n: 1).step == tuple(plain)  # not by cost: every ready decode
+    assert plan([], plain, free=0, size=lambda n, potential: 1).step == tuple(plain)  # not by cost: every ready decode
 
 
 def test_by_cost_a_later_prefill_waits_unless_its_decode_joining_would_pay() -> None:
     step, later = Work((0, 1), 4, True, by_cost=True), prefill(1, 2)
-    assert plan([later], [step], free=1, size=lambda n: 1) == Plan(step=(step,), ready=1)  # 2 would not pay
-    assert plan([later], [step], free=1, size=lambda n: n) == Plan(prefill=later)  # it would: fill the step
+    assert plan([later], [step], free=1, size=lambda n, potential: 1) == Plan(step=(step,), ready=1)  # 2 would not pay
+    assert plan([later], [step], free=1, size=lambda n, potential: n) == Plan(prefill=later)  # it would: fill the step
+
+
+def test_a_by_cost_step_is_charged_against_the_step_waiting_prefills_would_fill() -> None:
+    step = Work((0, 1), 4, True, by_cost=True)
+    full, partial = Work((1, 2), joins=True), Work((2, 3))  # a prompt whose decode follows; a prefix only
+    seen: list[tuple[int, int]] = []
+
+    def size(n: int, potential: int) -> int:
+        seen.append((n, potential))
+        return 1
+
+    # the earlier decode steps alone, but what that costs counts against a step of two:
+    # the full prompt's decode would have joined it; the partial prefill's prefix would not
+    assert plan([full, partial], [step], free=2, size=size) == Plan(step=(step,), ready=2)
+    assert seen[0] == (1, 2)
+    capped = Work((0, 1), 1, True, by_cost=True)  # a decode that steps alone anyway: nothing to charge
+    assert plan([full], [capped], free=2, size=lambda n, potential: n).ready == 1
