@@ -8,7 +8,8 @@ running decode, as llama.cpp's server does, or the profile's max efficient batch
 
 - The step: the best-ranked decodes, as many as the smallest cap among them allows;
   a waiting decode joins only if a sequence is free for it.
-- A prefill (the one begun, else the best-ranked) runs its next chunk instead of the step
+- A prefill (the best-ranked begun one, or a waiting one ranked before it with a sequence
+  free for it, else the best-ranked waiting one) runs its next chunk instead of the step
   when it ranks before the step's first decode, or when the step has room for more
   decodes (so the decode it prepares can join; for decodes stepped by cost, only where a
   step of one more would pay). Otherwise the step runs.
@@ -64,21 +65,28 @@ def plan(
     prefills: Sequence[Work],
     decodes: Sequence[Work],
     free: int,
-    begun: Work | None = None,
+    begun: Sequence[Work] = (),
     size: Callable[[int, int], int] | None = None,
+    may_start: bool = True,
 ) -> Plan:
-    """The next action (see the module doc). `free`: sequences nobody holds; `begun`: the
-    prefill that has evaluated some chunks and holds a sequence (it runs before other prefills);
-    `size(n, potential)`: how many of n ready decodes to step, for decodes that step `by_cost`,
-    when `potential` decodes would step together if every prefill that `joins` ran first."""
+    """The next action (see the module doc). `free`: sequences nobody holds (for decodes);
+    `begun`: prefills that have evaluated some chunks, each holding a sequence: the best-ranked
+    goes on, unless a waiting prefill ranks before it and `may_start` (a sequence is free for
+    it), so a later question's prompt that reached the engine first does not keep an earlier
+    one waiting for its whole length; `size(n, potential)`: how many of n ready decodes to step,
+    for decodes that step `by_cost`, when `potential` decodes would step together if every
+    prefill that `joins` ran first."""
     step = _step(decodes, free)
     ready = len(step)
     by_cost = size is not None and any(d.by_cost for d in step)
     if by_cost:
-        joining = sum(p.joins for p in (*prefills, *([begun] if begun is not None else [])))
+        joining = sum(p.joins for p in (*prefills, *begun))
         ready = min(ready + joining, min(d.cap for d in step))
         step = step[: max(1, min(len(step), size(len(step), ready)))]  # type: ignore[misc]
-    prefill = begun if begun is not None else min(prefills, key=lambda w: w.rank, default=None)
+    prefill = min(begun, key=lambda w: w.rank, default=None)
+    waiting = min(prefills, key=lambda w: w.rank, default=None)
+    if waiting is not None and (prefill is None or (may_start and waiting.rank < prefill.rank)):
+        prefill = waiting
     if prefill is not None:
         # room: the decode the prefill prepares would join the step (by cost: only if that pays)
         room = bool(step) and len(step) < min(d.cap for d in step)

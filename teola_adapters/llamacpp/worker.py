@@ -97,7 +97,7 @@ class Worker:
         self._on_work = on_work
         self._jobs: deque[Job] = deque()
         self._prefills: list[_Prefill] = []
-        self._begun: _Prefill | None = None
+        self._begun: list[_Prefill] = []  # prefills between chunks, each holding a sequence
         self._decodes: list[_Decode] = []
         self._ranks: OrderedDict[str, tuple[float, int]] = OrderedDict()  # query id -> (arrival, first appearance)
         self._order = itertools.count()
@@ -153,11 +153,12 @@ class Worker:
     def _plan(self) -> Plan:
         prefills = [Work(p.rank, item=p, joins=_joins(p)) for p in self._prefills]
         decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
-        begun = None if self._begun is None else Work(self._begun.rank, item=self._begun, joins=_joins(self._begun))
-        reserve = 0 if begun is not None else 1  # a sequence for the next prefill
+        begun = [Work(p.rank, item=p, joins=_joins(p)) for p in self._begun]
+        reserve = 0 if begun else 1  # a sequence for the next prefill
         self._cost = cost_curve(self.step_costs) if self.step_costs else None
         size = self._step_size if self._cost is not None else None
-        return plan(prefills, decodes, max(0, self.seqs.free() - reserve), begun, size)
+        free = self.seqs.free()
+        return plan(prefills, decodes, max(0, free - reserve), begun, size, may_start=free > 0)
 
     def _step_size(self, n: int, potential: int) -> int:
         """The mean-latency best step of n ready decodes, while what it costs beyond stepping all
@@ -212,7 +213,7 @@ class Worker:
     def _advance_prefill(self, prefill: _Prefill) -> None:
         if prefill in self._prefills:
             self._prefills.remove(prefill)
-        self._begun = prefill
+            self._begun.append(prefill)
         began = time.perf_counter()
         try:
             next(prefill.chunks)
@@ -223,7 +224,7 @@ class Worker:
             prefill.job.future.set_exception(exc)
         finally:
             self._report("prefill", began, (prefill.job,))
-        self._begun = None
+        self._begun.remove(prefill)
 
     def _drop_cancelled(self) -> None:
         for decode in [d for d in self._decodes if d.job.cancel.is_set()]:
@@ -304,9 +305,7 @@ class Worker:
             self._closed = True
             jobs = [*self._jobs]
             self._jobs.clear()
-        jobs += [w.job for w in (*self._prefills, *self._decodes)]
-        if self._begun is not None:
-            jobs.append(self._begun.job)
+        jobs += [w.job for w in (*self._prefills, *self._begun, *self._decodes)]
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(error)

@@ -56,14 +56,19 @@ def test_a_prefill_fills_a_step_with_room_even_for_a_later_query() -> None:
     assert plan([later], [step], free=1) == Plan(prefill=later)
 
 
-def test_the_begun_prefill_goes_on_before_other_prefills() -> None:
-    begun, earlier = prefill(3, 7), prefill(0, 8)
-    assert plan([earlier], [], free=1, begun=begun) == Plan(prefill=begun)
+def test_a_begun_prefill_goes_on_unless_an_earlier_one_can_start_beside_it() -> None:
+    begun, earlier, later = prefill(3, 7), prefill(0, 8), prefill(5, 9)
+    # a later question's prompt reached the engine first: the earlier question's goes ahead,
+    # the begun one keeps its sequence and resumes after
+    assert plan([earlier], [], free=1, begun=[begun]) == Plan(prefill=earlier)
+    assert plan([earlier], [], free=0, begun=[begun], may_start=False) == Plan(prefill=begun)  # no sequence free
+    assert plan([later], [], free=1, begun=[begun]) == Plan(prefill=begun)
+    assert plan([], [], free=1, begun=[begun, earlier]) == Plan(prefill=earlier)  # the best-ranked begun one
 
 
 def test_an_earlier_decode_preempts_a_begun_prefill_between_chunks() -> None:
     begun, urgent = prefill(2, 3), decode(0, 9, cap=1, running=False)
-    assert plan([], [urgent], free=1, begun=begun) == Plan(step=(urgent,), ready=1)
+    assert plan([], [urgent], free=1, begun=[begun]) == Plan(step=(urgent,), ready=1)
 
 
 def test_nothing_to_do_is_idle() -> None:

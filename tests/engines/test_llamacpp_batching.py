@@ -191,15 +191,7 @@ def test_one_decode_a_step_earliest_query_first_gives_the_same_texts(reference) 
 def test_an_earlier_query_decodes_between_the_chunks_of_a_later_prompt(reference) -> None:
     """A long prompt of a later query is evaluated a chunk at a time: the earlier query's decode
     steps in between (its text unchanged), and the long prompt's decode is exact too."""
-    started = threading.Event()
-    work: list = []
-
-    def seen(done) -> None:
-        work.append(done)
-        if done.kind == "prefill" and done.calls[0].query_id == "later":
-            started.set()
-
-    engine = LlamaCppEngine(max_sequences=2, n_threads=1, on_work=seen)
+    engine, work, started = _engine_watching("later")
     early, long = chat(QUESTIONS[0]), chat(" ".join(QUESTIONS) * 6, system="Summarize.")
     assert engine.count_tokens(long) > 6 * engine.chunk
 
@@ -221,8 +213,55 @@ def test_an_earlier_query_decodes_between_the_chunks_of_a_later_prompt(reference
     assert ("prefill", "later") in kinds[first_step:]  # the long prompt was not done when the decode began
 
 
+def _engine_watching(query: str) -> tuple[LlamaCppEngine, list[WorkDone], threading.Event]:
+    """An engine of two sequences recording its work, and an event set once `query`'s prompt
+    has evaluated a chunk."""
+    started = threading.Event()
+    work: list[WorkDone] = []
+
+    def seen(done: WorkDone) -> None:
+        work.append(done)
+        if done.kind == "prefill" and done.calls[0].query_id == query:
+            started.set()
+
+    return LlamaCppEngine(max_sequences=2, n_threads=1, on_work=seen), work, started
+
+
 async def _generate_as(engine: LlamaCppEngine, query: str, prompt: str, max_tokens: int) -> str:
     (kv,) = await engine.run([Call(query, node(K.PREFILL, engine.name), {"prompt": prompt})], decode_batch=1)
     decode = node(K.DECODE, engine.name, max_tokens=max_tokens)
     (out,) = await engine.run([Call(query, decode, {"kv": kv["kv"]})], decode_batch=1)
     return out["text"]
+
+
+def test_an_earlier_querys_prompt_goes_ahead_of_a_later_one_begun_first(reference) -> None:
+    """A later question's prompt reached the engine first and began: the earlier question's
+    prompt (earlier arrival) runs ahead of its remaining chunks, while the begun one keeps its
+    sequence; both prompts' decodes are exact."""
+    engine, work, started = _engine_watching("later")
+    first, second = chat(" ".join(QUESTIONS) * 5, system="Summarize."), chat(" ".join(QUESTIONS[::-1]) * 5)
+    assert min(engine.count_tokens(first), engine.count_tokens(second)) > 5 * engine.chunk
+
+    async def prompt_of(query: str, prompt: str, arrival: float) -> str:
+        call = Call(query, node(K.PREFILL, engine.name), {"prompt": prompt}, arrival=arrival)
+        (kv,) = await engine.run([call], decode_batch=1)
+        decode = node(K.DECODE, engine.name, max_tokens=4)
+        (out,) = await engine.run([Call(query, decode, {"kv": kv["kv"]}, arrival=arrival)], decode_batch=1)
+        return out["text"]
+
+    async def main() -> tuple[str, str]:
+        later = asyncio.create_task(prompt_of("later", second, arrival=2.0))
+        await asyncio.to_thread(started.wait)  # its first chunk is evaluated
+        return await prompt_of("earlier", first, arrival=1.0), await later
+
+    try:
+        earlier_text, later_text = run(main(), timeout=180)
+    finally:
+        run(engine.close())
+    assert earlier_text == reference(first, 4) and later_text == reference(second, 4)
+    prefills = [w.calls[0].query_id for w in work if w.kind == "prefill" and w.calls]
+    # after its first chunk the later prompt waited for the whole earlier prompt, then resumed
+    assert prefills[0] == "later" and "earlier" in prefills
+    resumed = prefills.index("earlier") + prefills[prefills.index("earlier") :].index("later")
+    assert set(prefills[prefills.index("earlier") : resumed]) == {"earlier"}
+    assert prefills[resumed:] == ["later"] * (len(prefills) - resumed)
