@@ -186,18 +186,16 @@ def verdict(result: Any) -> str:
     """One line: whether Teola won in total on this host, and if not, why (from the measured split)."""
     plain, teola = result.plain_llama, result.teola_llama
     if result.speedup >= 1.0:
-        return "teola.optimize finished sooner in total and answered earlier on average on this host"
+        return "teola.optimize finished sooner in total on this host"
     room = plain.idle_s / result.plain.total_s  # the most overlapping the model with the rest can save
-    if teola.decode_s <= plain.decode_s:
-        return (
-            f"why not sooner in total here: the model idles only {plain.idle_s:.2f} s of plain's "
-            f"{result.plain.total_s:.2f} s (retrieval is fast), so overlap can save at most {room:.0%}"
-        )
-    return (
+    why = (
         f"why not sooner in total here: the model idles only {plain.idle_s:.2f} s of plain's "
-        f"{result.plain.total_s:.2f} s (retrieval is fast), so overlap can save at most {room:.0%}, less than "
-        f"answering one question after another costs in writing ({teola.decode_s - plain.decode_s:+.2f} s)"
+        f"{result.plain.total_s:.2f} s (retrieval is fast), so overlap can save at most {room:.0%}"
     )
+    extra = teola.decode_s - plain.decode_s
+    if extra <= 0:
+        return why
+    return f"{why}, less than answering one question after another costs in writing ({extra:+.2f} s)"
 
 
 def _round_line(number: int, figures: dict[str, Any]) -> str:

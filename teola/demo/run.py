@@ -238,10 +238,9 @@ async def run_demo(
         report.start("loading SmolLM2 on llama.cpp (one per run)")
         plain_engine = LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["plain"].append(done))
         engines.append(plain_engine)
-        teola_engine = LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["teola"].append(done))
-        engines.append(teola_engine)
-        for _ in range(llm_replicas - 1):
+        for _ in range(llm_replicas):  # teola.optimize's engine, then its replicas
             engines.append(LlamaCppEngine(n_threads=llm_threads, on_work=lambda done: work["teola"].append(done)))
+        teola_engine = engines[1]
         replicas = engines[2:]
         plain_llm = ChatSmolLM(engine=plain_engine, max_tokens=max_tokens)
         teola_llm = ChatSmolLM(engine=teola_engine, max_tokens=max_tokens)
@@ -250,7 +249,7 @@ async def run_demo(
         report.start("measuring llama.cpp's decode step")
         curve = await calibrate_decode(teola_engine)
         step_s = {int(n): s for n, s in curve.points}
-        for replica in engines[2:]:
+        for replica in replicas:
             await calibrate_decode(replica)
 
         report.start("loading MiniLM, starting Postgres")

@@ -78,10 +78,11 @@ def plan(
     prefill that `joins` ran first."""
     step = _step(decodes, free)
     ready = len(step)
+    cap = min((d.cap for d in step), default=0)  # the most the step may hold
     by_cost = size is not None and any(d.by_cost for d in step)
     if by_cost:
         joining = sum(p.joins for p in (*prefills, *begun))
-        ready = min(ready + joining, min(d.cap for d in step))
+        ready = min(ready + joining, cap)
         step = step[: max(1, min(len(step), size(len(step), ready)))]  # type: ignore[misc]
     prefill = min(begun, key=lambda w: w.rank, default=None)
     waiting = min(prefills, key=lambda w: w.rank, default=None)
@@ -89,7 +90,7 @@ def plan(
         prefill = waiting
     if prefill is not None:
         # room: the decode the prefill prepares would join the step (by cost: only if that pays)
-        room = bool(step) and len(step) < min(d.cap for d in step)
+        room = len(step) < cap
         if by_cost:
             room = room and size(len(step) + 1, ready) > len(step)  # type: ignore[misc]
         if not step or prefill.rank < step[0].rank or room:

@@ -11,11 +11,10 @@ so the model's own request finds every warmed token in the prefix cache (read fr
 from __future__ import annotations
 
 import asyncio
-import operator
 import os
 import uuid
 from operator import itemgetter
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
 
@@ -61,11 +60,6 @@ def model_args() -> dict[str, Any]:
         "max_tokens": 12,
         "http_async_client": httpx.AsyncClient(),
     }
-
-
-class FanOut(TypedDict):
-    items: list[str]
-    answers: Annotated[list[str], operator.add]
 
 
 def two_calls(first: Any, second: Any, answer_prompt: Any) -> Any:
@@ -141,26 +135,16 @@ def test_a_langgraph_fan_out_reads_the_real_servers_load_and_keeps_the_answers()
     """Zero configuration on real vLLM: its `/metrics` parse (running and waiting requests),
     a burst larger than Teola's starting limit is held and then let through by what the
     server reports, and every answer (greedy) equals plain LangGraph's."""
-    from langgraph.graph import START, StateGraph
-    from langgraph.types import Send
-
-    def graph_of(llm: Any) -> Any:
-        async def ask(state: dict[str, str]) -> dict[str, Any]:
-            return {"answers": [(await llm.ainvoke(state["item"])).content]}
-
-        b = StateGraph(FanOut)
-        b.add_node("ask", ask)
-        b.add_conditional_edges(START, lambda s: [Send("ask", {"item": i}) for i in s["items"]], ["ask"])
-        return b.compile()
+    from fan_out_graph import fan_out
 
     inputs = [
         {"items": [f"Name one Python module for task {r}.{i}." for i in range(12)], "answers": []} for r in range(3)
     ]
 
     async def run() -> tuple[list[Any], list[Any], Any]:
-        graph = graph_of(ChatOpenAI(**model_args()))
+        graph = fan_out(ChatOpenAI(**model_args()))
         plain = await asyncio.gather(*(graph.ainvoke(x) for x in inputs))
-        fast = teola.optimize(graph_of(ChatOpenAI(**model_args())))
+        fast = teola.optimize(fan_out(ChatOpenAI(**model_args())))
         await fast.ainvoke({"items": ["Say hi."], "answers": []})
         (calls,) = fast._teola.admission(asyncio.get_running_loop()).servers()
         await calls.settled()

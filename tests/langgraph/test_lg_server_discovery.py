@@ -9,37 +9,20 @@ what runs; where none wait, the limit grows; a server without vLLM's gauges is n
 from __future__ import annotations
 
 import asyncio
-import operator
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
 
 pytest.importorskip("langchain_openai")
 pytest.importorskip("uvicorn")
 
-from langgraph.graph import START, StateGraph
-from langgraph.types import Send
+from fan_out_graph import fan_out
 
 import teola
 from teola_adapters.server_load import ServerCalls
 from teola_adapters.simulated.servers import SimServers
 from teola_core.scheduler.server_limit import START_LIMIT
 from teola_examples.common import openai_models
-
-
-class State(TypedDict):
-    items: list[str]
-    answers: Annotated[list[str], operator.add]
-
-
-def fan_out(llm: Any) -> Any:
-    async def ask_item(state: dict[str, str]) -> dict[str, Any]:
-        return {"answers": [(await llm.ainvoke(state["item"])).content]}
-
-    b = StateGraph(State)
-    b.add_node("ask_item", ask_item)
-    b.add_conditional_edges(START, lambda s: [Send("ask_item", {"item": i}) for i in s["items"]], ["ask_item"])
-    return b.compile()
 
 
 def burst(servers: SimServers, runs: int = 3, items: int = 12) -> tuple[list[Any], list[Any], ServerCalls, str]:
