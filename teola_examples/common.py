@@ -14,8 +14,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import Runnable, RunnableLambda
 
 import teola
-from teola_adapters.simulated.text import corpus_words
-from teola_benchmarks.workloads.common import make_chunks, make_question
+from teola_adapters.simulated.text import corpus_words, make_chunks, make_question
 
 CORPUS_CHUNKS = 64
 CHUNK_WORDS = 60

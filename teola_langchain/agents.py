@@ -26,7 +26,6 @@ summaries can be computed ahead (`teola_langchain.agent_run`).
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -36,7 +35,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import var_child_runnable_config
 
 from teola_core.agents import AgentDropIn, AgentFeatures, Program
-from teola_core.runtime.loop_thread import LoopThread
+from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_langchain.agent_engine import AgentModelEngine
 from teola_langchain.agent_graph import agent_tools, find_middleware, tool_names
 from teola_langchain.agent_middleware import TeolaMiddleware
@@ -57,6 +56,8 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
         model_concurrency: model calls running at once; beyond it calls wait in
             program-priority order (default 64).
         on_program: called with each run's `Program` when the run ends (stats, steps).
+        backend, ray: where the runs' graphs run (`teola.optimize`'s options for chains); the
+            agent's model stays in the driver, where the middleware calls it.
     """
 
     def __init__(
@@ -68,10 +69,12 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
         priority_rule: Literal["fcfs", "plas"] = "fcfs",
         model_concurrency: int = 64,
         on_program: Callable[[Program], None] | None = None,
+        backend: str = DEFAULT_BACKEND,
+        ray: Any = None,
     ) -> None:
         self.name = agent.get_name()
         super().__init__(self.name, features, priority_rule)
-        self.agent = agent
+        self.original = agent
         self.middleware = find_middleware(agent)
         self.idempotent_tools = _tool_versions(idempotent_tools, tool_names(agent))
         self.direct_tools = frozenset(name for name, t in agent_tools(agent).items() if t.return_direct)
@@ -81,35 +84,30 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
         self.on_program = on_program
         self.engine_name = f"llm:{self.name}"
         self.engines.add(AgentModelEngine(self.engine_name, model_concurrency))
-        self._thread = LoopThread(f"teola-agent:{self.name}")
+        self.place_engines(self.engines, backend=backend, ray=ray)
+        self.start_sync_thread(f"teola-agent:{self.name}")
         self._sync_loop: asyncio.AbstractEventLoop | None = None
-        self._finalizer = weakref.finalize(self, self._thread.close)
 
     # -- structure ---------------------------------------------------------------------
     @property
     def _wrapped(self) -> Any:
-        return self.agent
+        return self.original
 
     def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return self.agent.get_graph(config, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        """The agent's other API (`get_state`, `update_state`, `checkpointer`, ...) as is."""
-        if name.startswith("_") or name == "agent":
-            raise AttributeError(name)
-        return getattr(self.agent, name)
+        return self.original.get_graph(config, **kwargs)
 
     def close(self) -> None:
-        """Close the sync methods' agent runtime and stop their loop thread (both restart if used again)."""
+        """Close the sync methods' agent runtime, stop their loop thread and kill any Ray actors
+        (all restart if used again)."""
         if self._sync_loop is not None:
-            self._thread.run(self._close_current_runtime())
+            self.sync_thread.run(self._close_current_runtime())
             self._sync_loop = None
-        self._thread.close()
+        super().close()
 
     # -- runs --------------------------------------------------------------------------
     def _open(self, *, sync: bool = False) -> AgentRun:
         """Start a run on the running loop."""
-        return AgentRun(self, self.runtime_for_current_loop().program(), asyncio.get_running_loop(), sync=sync)
+        return AgentRun(self, self.runtime().program(), asyncio.get_running_loop(), sync=sync)
 
     def _finish(self, run: AgentRun) -> None:
         run.program.finish()
@@ -129,34 +127,34 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
     @contextmanager
     def _sync_run(self) -> Iterator[AgentRun]:
         """A run whose program lives on the agent's own loop (the caller's thread waits)."""
-        run = self._thread.run(self._aopen())
+        run = self.sync_thread.run(self._aopen())
         self._sync_loop = run.loop
         try:
             yield run
         finally:
-            self._thread.run(self._aend(run))
+            self.sync_thread.run(self._aend(run))
             self._ended(run.program)
 
     # -- call surface ------------------------------------------------------------------
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         with self._sync_run() as run:
-            return self.agent.invoke(input, run.config(config), **kwargs)
+            return self.original.invoke(input, run.config(config), **kwargs)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         run = self._open()
         try:
-            return await self.agent.ainvoke(input, run.config(config), **kwargs)
+            return await self.original.ainvoke(input, run.config(config), **kwargs)
         finally:
             self._finish(run)
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         with self._sync_run() as run:
-            yield from self.agent.stream(input, run.config(config), **kwargs)
+            yield from self.original.stream(input, run.config(config), **kwargs)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         run = self._open()
         try:
-            async for chunk in self.agent.astream(input, run.config(config), **kwargs):
+            async for chunk in self.original.astream(input, run.config(config), **kwargs):
                 yield chunk
         finally:
             self._finish(run)

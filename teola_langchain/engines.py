@@ -12,7 +12,7 @@ scheduler, which is what lets calls from concurrent queries batch.
   prefill API: PREFILL and FULL_PREFILL record the prompt (the model's own request
   prefills it). PARTIAL_PREFILL warms the model's server when the engine has a
   `PrefixWarmer` — by default for a langchain-openai `ChatOpenAI`/`OpenAI` with a
-  `base_url` (a vLLM server: `openai_server.py`) — and is bookkeeping otherwise. The
+  `base_url` (a vLLM server: `prefix_warmup.py`) — and is bookkeeping otherwise. The
   answer is the model's own either way. Such a model's engine also learns its server's
   bound from the server's `/metrics` (`teola_adapters.server_load.ServerLoadWatch`):
   calls beyond what the server runs wait in Teola's engine scheduler, earliest query
@@ -49,6 +49,7 @@ from langchain_core.language_models import BaseLanguageModel
 from langchain_core.vectorstores import VectorStore
 
 from teola_adapters.server_load import ServerLoadWatch, root_of
+from teola_adapters.vllm_http import PrefixWarmer
 from teola_core.engines.choices import ComponentEngines, EngineOption
 from teola_core.engines.choices import EngineChoices as CoreEngineChoices
 from teola_core.engines.opaque_llm import OpaqueModelEngine
@@ -63,8 +64,8 @@ from teola_core.engines.protocol import (
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
 from teola_langchain import runs
 from teola_langchain.context import QueryContext
-from teola_langchain.openai_server import PrefixWarmer, openai_compatible
 from teola_langchain.parsers import ParserItems
+from teola_langchain.prefix_warmup import openai_compatible, render, warmer_for
 from teola_langchain.retrievers import batchable_embeddings, follows_mode
 from teola_langchain.steps import ModelStep
 
@@ -91,9 +92,9 @@ class LangChainLLMEngine(OpaqueModelEngine):
         return LangChainLLMEngine(self.name, self.model, warmer, self.load_watch)
 
     async def run_call(self, call: Call) -> dict[str, Any]:
-        if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None:
+        if call.node.kind == PrimitiveKind.PARTIAL_PREFILL and self.warmer is not None and not self.warmer.stopped:
             # Returns once the warm-up is sent, not answered: the model's request queues behind it.
-            await self.warmer.start(self.model, self._step(call).runnable, call.inputs["prefix"])
+            await self.warmer.start(render(self.model, self._step(call).runnable, call.inputs["prefix"]))
         return await super().run_call(call)
 
     async def generate(self, call: Call, prompt: Any) -> Any:
@@ -281,7 +282,7 @@ class EngineRegistry(ComponentEngines):
             if not openai_compatible(model):
                 return LangChainLLMEngine(name, model)
             watch = ServerLoadWatch(root_of(str(model.openai_api_base)))  # type: ignore[attr-defined]
-            return LangChainLLMEngine(name, model, PrefixWarmer.for_model(model), watch)
+            return LangChainLLMEngine(name, model, warmer_for(model), watch)
 
         return self._get(model, "llm", make)
 

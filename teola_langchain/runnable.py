@@ -41,12 +41,12 @@ from langchain_core.runnables.base import Input, Output, coerce_to_runnable
 from langchain_core.runnables.config import ensure_config, get_config_list
 from langchain_core.runnables.graph import Graph as LCGraph
 
+from teola_core.dropin import DropIn
 from teola_core.explain import section
 from teola_core.profiles.learning import LatencyBook
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND, RuntimePerLoop
+from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND
 from teola_core.runtime.base import RuntimeHook
-from teola_core.runtime.dropin import DropInBase
 from teola_langchain.batch_calls import abatch_results, aopen_roots, batch_results, open_roots, run_queries
 from teola_langchain.classes import class_of
 from teola_langchain.configure_hooks import holding
@@ -64,8 +64,11 @@ from teola_langchain.steps import run_graph
 from teola_langchain.traced import TracedChain
 
 
-class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
+class TeolaRunnable(DropIn, SameStructure, Runnable[Input, Output]):
     """A LangChain runnable that runs a traced chain on Teola (see the module docstring).
+
+    It answers with the Runnable API alone: LangChain tells runnables apart by their
+    attributes, so the chain's own (`steps`, `bound`, ...) are not forwarded; `original` has them.
 
     Options:
         backend: "local" (the default: scheduled, batching), "ray" (engines as Ray
@@ -89,12 +92,14 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
         timeout: seconds an engine batch or a step may run before its query fails with a
             `TimeoutError` naming the step (calls then run on the graph, which keeps the
             deadlines; default: 600 s there, and none when the chain runs as LangChain runs it).
-        ray: where engines run on the "ray" backend (`teola_core.runtime.ray_options.RayOptions`,
+        ray: where engines run on the "ray" backend (`teola_core.runtime.ray.options.RayOptions`,
             or a dict: `{"address": ..., "engines": {name or class: {"num_replicas": 2, ...}}}`).
         execution: "auto" (the default: calls run on Teola's graph when the chain has a
             model, embedding or search for its engines to schedule, else as LangChain
             runs them) or "graph" (always on the graph, e.g. to check a chain's trace).
     """
+
+    forwards_to = None
 
     def __init__(
         self,
@@ -137,8 +142,8 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
         choices.check_used()
         self._batches_as_sequence = class_of(original) is RunnableSequence and runs_own_code(original, RunnableSequence)
         learner = (SpanLearner(self.learned),) if self._replanner.learning else ()
-        self.runtimes = RuntimePerLoop(
-            self._engines.engines, backend, policy, (*hooks, *learner, self.recent), ray=ray, timeouts=timeout
+        self.place_engines(
+            self._engines.engines, backend=backend, policy=policy, ray=ray, timeouts=timeout, hooks=(*hooks, *learner)
         )
         self.start_sync_thread(f"teola:{self.name}")
         self.calls_on_graph = 0  # calls that ran on Teola's graph (the rest ran as LangChain runs them)
@@ -190,12 +195,9 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
         """The original chain's graph (what the user wrote); `explain()` shows Teola's."""
         return self.original.get_graph(config)
 
-    def explain(self, png_dir: str | Path | None = None) -> str:
-        """The plan: how calls run, the p-graph, the passes applied and the e-graph, with Mermaid,
-        and what recent calls did on each engine.
-
-        With `png_dir`, each e-graph and the recent calls' timeline are also drawn as PNGs there.
-        """
+    def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:
+        """The plan: how calls run, the p-graph, the passes applied and the e-graph, with Mermaid
+        (PNGs with `png_dir`), and what was learned of the model servers."""
         plan = explain_plan(
             f"Teola plan for {self.name} (backend {self.backend}, policy {self.policy})",
             self._replanner.first,
@@ -208,7 +210,7 @@ class TeolaRunnable(DropInBase, SameStructure, Runnable[Input, Output]):
             not_learning=self._replanner.not_learning,
             png_dir=png_dir,
         )
-        return "\n".join([plan, *self._explain_servers(), *self.explain_runs(png_dir)])
+        return [plan, *self._explain_servers()]
 
     def _explain_servers(self) -> list[str]:
         """What was learned of the model servers that report their load (none: no section)."""

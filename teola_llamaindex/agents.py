@@ -28,10 +28,11 @@ from llama_index.core.memory import BaseMemory
 from llama_index.core.tools import AsyncBaseTool, ToolOutput
 from llama_index.core.workflow import Context, StopEvent
 
-from teola_core.agents import AgentDropIn, AgentFeatures, AgentRuntime, Program
+from teola_core.agents import AgentDropIn, AgentFeatures, Program
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call
 from teola_core.ir.errors import PrimitiveError
+from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_llamaindex.common import unwrap_error
 
 DEFAULT_MAX_TOKENS = 256
@@ -120,9 +121,13 @@ class TeolaAgent(AgentDropIn):
 
     idempotent_tools: tool name -> version of the tools whose results may be shared
     across runs (same name, arguments and version: same result). features and
-    priority_rule: as `AgentRuntime` takes them. `agent` is the hooked copy that runs;
-    `original` the user's agent, untouched.
+    priority_rule: as `AgentRuntime` takes them. backend, ray: where the runs' graphs run
+    (the agent's model stays in the driver, where its steps call it). `agent` is the hooked
+    copy that runs (its other attributes are this object's); `original` the user's agent,
+    untouched.
     """
+
+    forwards_to = "agent"
 
     def __init__(
         self,
@@ -131,6 +136,8 @@ class TeolaAgent(AgentDropIn):
         idempotent_tools: Mapping[str, str] | None = None,
         features: AgentFeatures | None = None,
         priority_rule: Literal["fcfs", "plas"] = "fcfs",
+        backend: str = DEFAULT_BACKEND,
+        ray: Any = None,
     ) -> None:
         if not isinstance(agent, BaseWorkflowAgent):
             raise TypeError(f"TeolaAgent wraps a LlamaIndex workflow agent, not {type(agent).__name__}")
@@ -142,6 +149,7 @@ class TeolaAgent(AgentDropIn):
         self.original = agent
         self.idempotent_tools = idempotent
         self.engine = self.engines.engine_for(agent.llm, "llm", AgentModelEngine)
+        self.place_engines(self.engines, backend=backend, ray=ray)
         num_output = agent.llm.metadata.num_output
         self.max_tokens = num_output if num_output > 0 else DEFAULT_MAX_TOKENS
         self.agent = _hooked_copy(agent, self)
@@ -178,19 +186,6 @@ class TeolaAgent(AgentDropIn):
             return self._programs[handler]
         except KeyError:
             raise KeyError(f"{handler!r} was not returned by this TeolaAgent's run()") from None
-
-    def runtime(self) -> AgentRuntime:
-        """The agent runtime of the running event loop (made on first use)."""
-        return self.runtime_for_current_loop()
-
-    async def aclose(self) -> None:
-        """Close the running loop's agent runtime (its runs' programs end)."""
-        await self._close_current_runtime()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "agent":  # not set yet: __init__ failed before it
-            raise AttributeError(name)
-        return getattr(self.agent, name)
 
     # -- the hooks' work ---------------------------------------------------------------
     def _current(self) -> Program:

@@ -1,16 +1,16 @@
-"""What every LlamaIndex drop-in shares, in one place (the seam for a common drop-in base).
+"""What every LlamaIndex query drop-in shares, on the drop-in kit (`teola_core.dropin.DropIn`).
 
     class TeolaThing(LlamaIndexDropIn):
         def query(self, q):
             return self.run_sync(lambda ctx: self.run_graph(self.graph, {"query": q}, ctx))
 
-The original object, its engines, one runtime per event loop, the loop thread of the
-sync methods (`close()` stops it), the `passes` option resolved once (`optimize_graph`),
-graph runs that count themselves (`calls_on_graph`) and hand back the user's own
-exception, and opaque calls: the original's own method as the one step of a graph.
-Attributes the drop-in does not define are the original's.
+On top of the kit (the original, its engines, one runtime per event loop, the loop thread
+of the sync methods, closing, attributes forwarded to the original): the `passes` option
+resolved once (`optimize_graph`), graph runs that count themselves (`calls_on_graph`) and
+hand back the user's own exception, and opaque calls: the original's own method as the
+one step of a graph.
 
-A subclass traces in its `__init__`, then calls `place_engines()`: the `engines=` option
+A subclass traces in its `__init__`, then calls `place_traced()`: the `engines=` option
 is checked against what was traced and, on the "ray" backend, the engines are placed as
 `ray=` says (the framework engines stay in the driver: they are `driver_only`). Each
 query's context travels with its calls (`Call.context`), never in a registry.
@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from teola_core.dropin import DropIn
 from teola_core.engines.choices import EngineOption
 from teola_core.engines.protocol import EngineSet
 from teola_core.explain import graph_sections, section
@@ -33,10 +34,9 @@ from teola_core.ir.errors import PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.passes import run_passes
 from teola_core.profiles.profile import LatencyProfile
-from teola_core.runtime.backends import DEFAULT_BACKEND, RuntimePerLoop, check_backend
-from teola_core.runtime.dropin import DropInBase
+from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.parts import SharedOptions
-from teola_core.runtime.ray_options import RayOptions
+from teola_core.runtime.ray.options import RayOptions
 from teola_llamaindex.common import unwrap_error
 from teola_llamaindex.prefix_warmup import warmup_notes
 from teola_llamaindex.registry import EngineRegistry, engine_choices
@@ -45,7 +45,7 @@ from teola_llamaindex.scope import CallerLoop, CallerThread, QueryContext
 T = TypeVar("T")
 
 
-class LlamaIndexDropIn(DropInBase):
+class LlamaIndexDropIn(DropIn):
     """The plumbing of a drop-in (see the module docstring); subclasses trace and call.
 
     Options: backend ("local", scheduled and batching; "ray", engines in Ray actors; or
@@ -56,7 +56,7 @@ class LlamaIndexDropIn(DropInBase):
     own spans, events and callbacks are then not emitted: docs/llamaindex.md, "Decomposed
     components"), engines (which Teola engine runs a component: `(component, engine)` pairs
     or a chooser, `registry`), ray (where engines run on the "ray" backend:
-    `teola_core.runtime.ray_options.RayOptions`, or a dict `{"address": ..., "engines": {...}}`).
+    `teola_core.runtime.ray.options.RayOptions`, or a dict `{"address": ..., "engines": {...}}`).
     """
 
     def __init__(
@@ -82,35 +82,19 @@ class LlamaIndexDropIn(DropInBase):
         self._profiles = dict(profiles or {})
         self._shared = SharedOptions(engine_choices(engines), backend, ray)
         self._engines = EngineRegistry(self._shared.choices, warm_prefix=warm_prefix)
-        self._runtimes: RuntimePerLoop | None = None
         self.start_sync_thread(f"teola:{type(original).__name__}")
         self._ids = itertools.count()
-
-    def __getattr__(self, name: str) -> Any:
-        original = self.__dict__.get("original")
-        if original is None:
-            raise AttributeError(name)
-        return getattr(original, name)
 
     def part_options(self) -> dict[str, Any]:
         """The options of a drop-in for a part of this object (`engines=` and `ray=` shared)."""
         return {"backend": self.backend, "policy": self.policy, **self._shared.part_options()}
 
-    def place_engines(self, parts: Sequence[LlamaIndexDropIn] = ()) -> None:
+    def place_traced(self, parts: Sequence[LlamaIndexDropIn] = ()) -> None:
         """After tracing: check `engines=` and `ray=` (against `parts` too) and place the engines."""
         self._shared.check([self._engines.engines, *(p.engine_set for p in parts)])
-        self._runtimes = RuntimePerLoop(
-            self._engines.engines, self.backend, self.policy, hooks=[self.recent], ray=self._shared.ray
-        )
+        super().place_engines(self._engines.engines, backend=self.backend, policy=self.policy, ray=self._shared.ray)
 
     # -- the shared surface ---------------------------------------------------------------
-    @property
-    def runtimes(self) -> RuntimePerLoop:
-        """The runtimes of the traced object (one per event loop; its engines' placement)."""
-        if self._runtimes is None:
-            raise RuntimeError(f"{type(self).__name__}.__init__ did not call place_engines() after tracing")
-        return self._runtimes
-
     @property
     def engine_set(self) -> EngineSet:
         """The engines the traced object runs on (as traced: known before they are placed)."""
@@ -119,15 +103,14 @@ class LlamaIndexDropIn(DropInBase):
     def explain_sections(
         self, name: str, pgraph: Graph, graph: Graph, passes: list[str], png_dir: str | Path | None = None
     ) -> list[str]:
-        """`explain()`'s sections: engines (where they run, prefix warm-ups), the p-graph, passes,
-        e-graph and its Mermaid (PNG with `png_dir`), and what recent runs did."""
+        """`explain()`'s sections on a traced graph: engines (where they run, prefix warm-ups), the
+        p-graph, passes, e-graph and its Mermaid (PNG with `png_dir`)."""
         where = self.where()
         engines = [f"- {engine} ({where[engine]})" for engine in self._engines.engines.engines]
         notes = [f"- {note}" for note in warmup_notes(self._engines.engines)]
         return [
             section("engines", "\n".join([*engines, *notes]) or "- none"),
             *graph_sections(name, pgraph, passes, graph, png_dir),
-            *self.explain_runs(png_dir),
         ]
 
     # -- running --------------------------------------------------------------------------

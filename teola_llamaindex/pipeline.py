@@ -50,26 +50,23 @@ class TeolaQueryPipelineExecutor(LlamaIndexDropIn):
         except UnsupportedPipeline as exc:
             self.fallback = str(exc)
             warnings.warn(f"teola: this QueryPipeline runs as itself ({exc})", OpaqueModuleWarning, stacklevel=2)
-            self.place_engines()
+            self.place_traced()
             return
         self.plan.graph, self.plan.passes = self.optimize_graph(self.plan.pgraph)
-        self.place_engines()
+        self.place_traced()
         self._view = framework_view(pipeline, **_executor_hooks(self))
 
-    def explain(self, png_dir: str | Path | None = None) -> str:
-        """What was traced into what (p-graph, passes, e-graph with Mermaid), what recent runs
-        did on each engine, or why the pipeline runs as itself. With `png_dir`, the e-graph and
-        the recent runs' timeline are also drawn there as PNGs."""
+    def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:
+        """What was traced into what (p-graph, passes, e-graph with Mermaid; PNG with
+        `png_dir`), or why the pipeline runs as itself."""
         if self.plan is None:
-            return "\n".join([f"QueryPipeline runs as itself: {self.fallback}\n", *self.explain_runs(png_dir)])
+            return [f"QueryPipeline runs as itself: {self.fallback}\n"]
         plan = self.plan
-        return "\n".join(
-            [
-                "Teola plan for a QueryPipeline\n",
-                section("opaque modules", "\n".join(f"- {m}" for m in plan.opaque) or "- none"),
-                *self.explain_sections("pipeline", plan.pgraph, plan.graph, plan.passes, png_dir),
-            ]
-        )
+        return [
+            "Teola plan for a QueryPipeline\n",
+            section("opaque modules", "\n".join(f"- {m}" for m in plan.opaque) or "- none"),
+            *self.explain_sections("pipeline", plan.pgraph, plan.graph, plan.passes, png_dir),
+        ]
 
     async def _multi(self, module_inputs: dict[str, Any], show_intermediates: bool, ctx: QueryContext) -> Outputs:
         assert self.plan is not None

@@ -5,19 +5,21 @@
 
 The user's client still makes every LLM request; a split prefill's ready prefix is sent
 ahead to the vLLM server (its `/tokenize`, whole KV blocks, `max_tokens=1`) so its prefix
-cache holds it when the full request comes. When it warms, and why a failed warm-up
-changes nothing: docs/llamaindex.md ("Prefix warm-up").
+cache holds it when the full request comes. The warming and when a failure stops it are
+the shared `teola_adapters.vllm_http.PrefixWarmer`'s; when it warms: docs/llamaindex.md
+("Prefix warm-up").
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from typing import Any
 from urllib.parse import urlparse
 
 from llama_index.core.llms import LLM
 
+from teola_adapters.server_load import root_of
+from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine, WarmupPrompt
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.types import KVHandle
@@ -55,41 +57,39 @@ def why_no_warmup(llm: Any) -> str | None:
 
 
 class PrefixWarmingLLMEngine(LlamaIndexLLMEngine):
-    """An `OpenAILike` / `OpenAI` client whose partial prefills warm its server (module docstring)."""
+    """An `OpenAILike` / `OpenAI` client whose partial prefills warm its server (module docstring).
 
-    def __init__(self, name: str, llm: LLM, warmer: Any) -> None:
+    warmer: the shared `PrefixWarmer` (its rule: when a failure stops the warm-ups).
+    server: the server's root URL, for `explain()`.
+    own_client: the warmer's engines made their own HTTP clients (`close` closes them).
+    """
+
+    def __init__(self, name: str, llm: LLM, warmer: PrefixWarmer, server: str, *, own_client: bool = True) -> None:
         super().__init__(name, llm)
         self.warmer = warmer
-        self.warm_error: str | None = None
-        self._own_client = getattr(llm, "_async_http_client", None) is None
-        self._block_size_known = False
+        self.server = server
+        self._own_client = own_client
 
     @property
     def warmups(self) -> int:
         """Warm-up requests sent so far."""
         return self.warmer.stats.warmups
 
+    @property
+    def warm_error(self) -> str | None:
+        """Why the warm-ups stopped (None: they go on)."""
+        return self.warmer.stats.disabled
+
     async def run_call(self, call: Call) -> dict[str, Any]:
         if call.node.kind == PrimitiveKind.PARTIAL_PREFILL:
-            await self._warm(call)
-            return {"kv": KVHandle(self.name, call.inputs["prefix"])}
+            prefix = call.inputs["prefix"]
+            await self.warmer.warm(WarmupPrompt(text=prefix) if isinstance(prefix, str) and prefix else None)
+            return {"kv": KVHandle(self.name, prefix)}
         return await super().run_call(call)
-
-    async def _warm(self, call: Call) -> None:
-        if self.warm_error is not None:
-            return
-        try:
-            if not self._block_size_known:
-                self._block_size_known = True
-                with contextlib.suppress(Exception):  # no /metrics: keep the default block size
-                    await self.warmer.use_server_block_size()
-            await self.warmer.run_one(call)
-        except Exception as exc:  # an optimization only: the query goes on
-            self.warm_error = f"{type(exc).__name__}: {exc}"
 
     async def close(self) -> None:
         if self._own_client:
-            await self.warmer.close()
+            await self.warmer.aclose()
 
 
 def warmup_notes(engines: Any) -> list[str]:
@@ -98,7 +98,7 @@ def warmup_notes(engines: Any) -> list[str]:
     for name, engine in engines.engines.items():
         if isinstance(engine, PrefixWarmingLLMEngine):
             state = f"stopped ({engine.warm_error})" if engine.warm_error else f"{engine.warmups} sent"
-            notes.append(f"{name}: warms split prefixes on {engine.warmer.base_url} ({state})")
+            notes.append(f"{name}: warms split prefixes on {engine.server} ({state})")
         elif isinstance(engine, LlamaIndexLLMEngine):
             why = why_no_warmup(engine.llm)
             notes.append(f"{name}: no prefix warm-up ({why or 'warm_prefix=False'})")
@@ -109,15 +109,18 @@ def llm_engine(name: str, llm: LLM, *, warm_prefix: bool = True) -> LlamaIndexLL
     """The engine for `llm`: with prefix warm-up where `why_no_warmup` allows, else plain."""
     if not warm_prefix or why_no_warmup(llm) is not None:
         return LlamaIndexLLMEngine(name, llm)
-    from teola_adapters.vllm_http.engine import VLLMHTTPEngine
+    client = getattr(llm, "_async_http_client", None)
 
-    warmer = VLLMHTTPEngine(
-        str(llm.api_base),
-        llm.model,
-        name=name,
-        api_key=llm.api_key or "EMPTY",
-        timeout_s=float(llm.timeout or 60.0),
-        retries=0,
-        http_client=getattr(llm, "_async_http_client", None),
-    )
-    return PrefixWarmingLLMEngine(name, llm, warmer)
+    def make() -> VLLMHTTPEngine:
+        return VLLMHTTPEngine(
+            str(llm.api_base),
+            llm.model,
+            name=name,
+            api_key=llm.api_key or "EMPTY",
+            timeout_s=float(llm.timeout or 60.0),
+            retries=0,  # an optimization: a failed warm-up is skipped, not retried
+            http_client=client,
+        )
+
+    warmer = PrefixWarmer(make=make)
+    return PrefixWarmingLLMEngine(name, llm, warmer, root_of(str(llm.api_base)), own_client=client is None)

@@ -105,7 +105,7 @@ class TeolaQueryEngine(LlamaIndexDropIn):
             part_options = {**options, **self.part_options()}
             try:
                 self._target, found = with_traced_parts(engine, lambda part: self._trace_part(part, part_options))
-                self.place_engines(self.parts)
+                self.place_traced(self.parts)
             except BaseException:
                 for part in self.parts:
                     part.close()
@@ -120,7 +120,7 @@ class TeolaQueryEngine(LlamaIndexDropIn):
             return
         self.pgraph = trace_query_engine(engine, self._engines, decompose=self.decompose)
         self.graph, self.passes = self.optimize_graph(self.pgraph)
-        self.place_engines()
+        self.place_traced()
         self._view = framework_view(engine, **_query_hooks(self))
 
     def _trace_part(self, engine: RetrieverQueryEngine, options: dict[str, Any]) -> RetrieverQueryEngine:
@@ -133,10 +133,9 @@ class TeolaQueryEngine(LlamaIndexDropIn):
         for part in self.parts:
             part.close()
 
-    def explain(self, png_dir: str | Path | None = None) -> str:
-        """The p-graph, the passes applied and the e-graph with Mermaid (or why the engine runs
-        as itself), and what recent runs did on each engine; with `png_dir`, PNGs of the
-        e-graph and of the recent runs' timeline too."""
+    def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:
+        """The p-graph, the passes applied and the e-graph with Mermaid (PNG with `png_dir`), or
+        why the engine runs as itself and the plans of the engines traced inside it."""
         title = f"Teola plan for a {type(self.original).__name__}\n"
         if not self.traced:
             parts = [
@@ -144,12 +143,12 @@ class TeolaQueryEngine(LlamaIndexDropIn):
                 for i, part in enumerate(self.parts)
             ]
             how = section("execution", f"{type(self.original).__name__}: runs as itself, one opaque step")
-            return "\n".join([title, how, *parts, *self.explain_runs(png_dir)])
+            return [title, how, *parts]
         synthesizer = self.original._response_synthesizer
         why = why_opaque(synthesizer) if self.decompose else "decompose=False"
         how = f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({why})" if why else "plan + format + llm")
         sections = self.explain_sections("query", self.pgraph, self.graph, self.passes, png_dir)
-        return "\n".join([title, section("execution", how), *sections])
+        return [title, section("execution", how), *sections]
 
     def query(self, str_or_query_bundle: str | QueryBundle) -> Any:
         if not self.traced:

@@ -39,6 +39,7 @@ class WorkflowLLMEngine(PerCallEngine):
 
     kinds = frozenset({PrimitiveKind.DECODE})
     limits = EngineLimits(concurrency=64)
+    driver_only = True  # it awaits the step's own call
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -56,6 +57,7 @@ class WorkflowEmbeddingEngine(Engine):
 
     kinds = frozenset({PrimitiveKind.EMBED})
     limits = EngineLimits(concurrency=1)
+    driver_only = True  # the embed model's events and spans belong to the caller's trace
 
     def __init__(self, name: str, embed_model: BaseEmbedding) -> None:
         self.name = name
@@ -99,6 +101,7 @@ class WorkflowRetrieverEngine(PerCallEngine):
 
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16)
+    driver_only = True  # calls the app's retriever in the step's context
 
     def __init__(self, name: str, retriever: BaseRetriever) -> None:
         self.name = name

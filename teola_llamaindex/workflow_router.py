@@ -1,9 +1,9 @@
-"""The shared runtime of one optimized workflow: its engines, a `LocalRuntime` per event loop,
-and each call's small graph at its step's depth.
+"""The calls of one optimized workflow: its engines, and each call's small graph at its step's depth.
 
-`CallRouter` keeps one `LocalRuntime` per event loop, shared by every run of a workflow, so
-concurrent runs' calls meet in the same engine schedulers; a call's depth is its step's
-(`workflows.step_depths`).
+`CallRouter` runs every call on the workflow drop-in's runtime of the running event loop,
+shared by every run of the workflow, so concurrent runs' calls meet in the same engine
+schedulers; a call's depth is its step's (`workflows.step_depths`), its graph nodes'
+`depth_cost` (`node_depth`), by which the runtime's graph scheduler orders them.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
-from teola_core.runtime.base import RuntimeHook
-from teola_core.runtime.local import LocalRuntime
-from teola_core.runtime.per_loop import PerLoop
+from teola_core.runtime.backends import RuntimePerLoop
 from teola_llamaindex.common import unwrap_error
 
 try:  # the workflow library's per-step context: which step is running (for the depth)
@@ -33,36 +31,27 @@ except ImportError:  # another workflows release: every call gets the workflow's
 _DEPTH = "teola_depth"  # node config entry: this node's share of the call's depth
 
 
-def _node_depth(node: Node) -> float:
+def node_depth(node: Node) -> float:
     """Depth cost of a node: what the graph builder stored, 0 for input/output nodes."""
     return float(node.config.get(_DEPTH, 0.0))
 
 
 class CallRouter:
-    """Engines, per-loop runtimes and the call graphs of one optimized workflow."""
+    """Engines and call graphs of one optimized workflow; `runtimes` (the drop-in's, set once
+    its engines are placed) run the calls."""
 
-    def __init__(self, policy: str, depths: dict[str, int]) -> None:
+    def __init__(self, depths: dict[str, int]) -> None:
         self.engines = EngineSet()
-        self.policy = policy
+        self.runtimes: RuntimePerLoop | None = None
         self.depths = depths
         self.max_depth = max(depths.values(), default=1)
         self.run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("teola_workflow_run", default=None)
         self._graphs: dict[tuple[str, ...], Graph] = {}
-        self._runtimes: PerLoop[LocalRuntime] = PerLoop()
         self._ids = itertools.count()
 
     def register(self, component: object, role: str, make: Callable[[str], Engine]) -> str:
         """The engine of `component` in `role` (one per object and role, named after its class)."""
         return self.engines.engine_for(component, role, make)
-
-    def add_hook(self, hook: RuntimeHook) -> None:
-        self._runtimes.apply_to_all(lambda runtime: runtime.add_hook(hook))
-
-    def runtime(self) -> LocalRuntime:
-        return self._runtimes.current(self._new_runtime)
-
-    def _new_runtime(self) -> LocalRuntime:
-        return LocalRuntime(self.engines, policy=self.policy, depth_cost=_node_depth)
 
     def graphs(self) -> dict[tuple[str, ...], Graph]:
         """The call graphs made so far, by (kind, engine, depth, search engine)."""
@@ -115,8 +104,10 @@ class CallRouter:
     async def call(self, graph: Graph, inputs: dict[str, Any]) -> Any:
         """Run one call's graph; the caller gets the wrapped object's own exception."""
         qid = f"{self.run_key.get() or 'call'}/{next(self._ids)}"
+        if self.runtimes is None:
+            raise RuntimeError("a workflow call was made before the drop-in placed its engines")
         try:
-            out = await self.runtime().run(graph, inputs, query_id=qid)
+            out = await self.runtimes.current().run(graph, inputs, query_id=qid)
         except PrimitiveError as exc:
             error = unwrap_error(exc, {})
         else:

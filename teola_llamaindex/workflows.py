@@ -19,14 +19,13 @@ from typing import Any
 
 from llama_index.core.workflow import Workflow
 
+from teola_core.dropin import DropIn
 from teola_core.engines.protocol import EngineSet
-from teola_core.explain import file_name, mermaid, section, timeline_sections
+from teola_core.explain import file_name, mermaid, section
 from teola_core.ir.draw import draw_graph
-from teola_core.runtime.base import RuntimeHook
-from teola_core.runtime.local import LocalRuntime
-from teola_core.runtime.timeline import RecentSpans
+from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_llamaindex.workflow_calls import proxy_for
-from teola_llamaindex.workflow_router import CallRouter
+from teola_llamaindex.workflow_router import CallRouter, node_depth
 
 # -- the static step/event graph -------------------------------------------------------
 
@@ -64,16 +63,23 @@ def step_depths(workflow: Workflow) -> dict[str, int]:
 # -- the drop-in -----------------------------------------------------------------------
 
 
-class TeolaWorkflow:
+class TeolaWorkflow(DropIn):
     """`run(...)` of a `Workflow` with its model calls on Teola (see the module docstring).
 
     policy: the engine schedulers' batching policy ("topology", "fifo", "po", "to").
-    The original workflow is left untouched; `workflow` is the copy that runs.
+    backend, ray: the runtime of the calls' graphs ("local" or "ray", as for every drop-in;
+    the workflow's models and retrievers stay in the driver on both, where its steps call
+    them). The original workflow is left untouched; `workflow` is the copy that runs (its
+    other attributes are this object's).
     """
 
-    def __init__(self, workflow: Workflow, *, policy: str = "topology") -> None:
+    forwards_to = "workflow"
+
+    def __init__(
+        self, workflow: Workflow, *, policy: str = "topology", backend: str = DEFAULT_BACKEND, ray: Any = None
+    ) -> None:
         self.original = workflow
-        self._router = CallRouter(policy, step_depths(workflow))
+        self._router = CallRouter(step_depths(workflow))
         self.workflow = copy.copy(workflow)
         self.proxied: dict[str, str] = {}
         for name, value in vars(workflow).items():
@@ -82,8 +88,8 @@ class TeolaWorkflow:
                 setattr(self.workflow, name, proxy)
                 self.proxied[name] = type(value).__name__
         self._runs = itertools.count()
-        self.recent = RecentSpans()
-        self._router.add_hook(self.recent)
+        self.place_engines(self._router.engines, backend=backend, policy=policy, ray=ray, depth_cost=node_depth)
+        self._router.runtimes = self.runtimes
 
     @property
     def engines(self) -> EngineSet:
@@ -97,25 +103,18 @@ class TeolaWorkflow:
         finally:
             self._router.run_key.reset(token)
 
-    def runtime(self) -> LocalRuntime:
-        """The runtime of the running event loop (created on first use)."""
-        return self._router.runtime()
-
-    def add_hook(self, hook: RuntimeHook) -> None:
-        """Observe every primitive of every run, on every loop's runtime."""
-        self._router.add_hook(hook)
-
-    def explain(self, png_dir: str | Path | None = None) -> str:
+    def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:
         """The components whose calls run on Teola, each step's depth (the calls' priority), the
-        call graphs (Mermaid; PNGs with `png_dir`), and what recent runs did per engine."""
+        engines and where they run, and the call graphs (Mermaid; PNGs with `png_dir`)."""
         proxied = "\n".join(f"- {name}: {kind}" for name, kind in self.proxied.items()) or "- none"
         depths = "\n".join(f"- {step}: {depth}" for step, depth in sorted(self._router.depths.items())) or "- none"
         engines = self.engines.engines.items()
+        where = self.where()
         out = [
             f"Teola plan for the workflow {type(self.original).__name__}\n",
             section("components whose calls run on Teola's engines", proxied),
             section("step depths (a call's priority: deeper steps are nearer the end)", depths),
-            section("engines", "\n".join(f"- {n}: {type(e).__name__}" for n, e in engines) or "- none"),
+            section("engines", "\n".join(f"- {n}: {type(e).__name__} ({where[n]})" for n, e in engines) or "- none"),
         ]
         for (kind, engine, depth, search), graph in self._router.graphs().items():
             name = f"{kind} on {engine}" + (f" and {search}" if search else "") + f" at depth {depth}"
@@ -123,9 +122,4 @@ class TeolaWorkflow:
             if png_dir is not None:
                 path = draw_graph(graph, Path(png_dir) / f"{file_name(name)}.png")
                 out.append(section(f"picture {name}", str(path)))
-        return "\n".join([*out, *timeline_sections(self.recent.spans(), png_dir)])
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "workflow":  # not set yet: __init__ failed before it
-            raise AttributeError(name)
-        return getattr(self.workflow, name)
+        return out

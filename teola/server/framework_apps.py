@@ -27,7 +27,7 @@ class _OptimizedApp:
     event loop, and every request on the server's loop goes through that one runtime,
     which is what lets the engine schedulers batch across requests.
 
-    `optimized` must offer `runtime_for_current_loop()`, `engine_names` and `close()`.
+    `optimized` must offer `runtime()`, `engine_names` and `close()`.
     """
 
     name: str
@@ -35,7 +35,7 @@ class _OptimizedApp:
     _runtime: Runtime | None = None
 
     def attach(self, hook: RuntimeHook) -> None:
-        runtime = self.optimized.runtime_for_current_loop()
+        runtime = self.optimized.runtime()
         runtime.add_hook(hook)
         self._runtime = runtime
 

@@ -1,9 +1,10 @@
-"""The simulated model's text: its tokenizer, stream pieces and default writer.
+"""The simulated model's text (tokenizer, stream pieces, default writer) and the synthetic corpus.
 
 tokens_of("Say hi")                 # ["Say", "hi"]: whitespace-separated words
 "".join(token_pieces(text)) == text # one piece per token, whitespace kept
 pseudo_words("Say hi", 8)           # 8 deterministic pseudo-words
 corpus_words("doc-3/0", 100)        # 100 words of the synthetic corpus' vocabulary
+make_chunks("kb", 64, 60)           # 64 chunks of 60 such words; make_question("q-1"): a question
 """
 
 from __future__ import annotations
@@ -108,3 +109,13 @@ def corpus_words(seed: str, n: int) -> list[str]:
     """n words of the synthetic corpus, a deterministic function of `seed`."""
     rng = random.Random(hashlib.sha256(seed.encode()).digest())
     return [rng.choice(_VOCABULARY) for _ in range(n)]
+
+
+def make_chunks(doc_id: str, n_chunks: int, tokens_per_chunk: int) -> list[str]:
+    """A synthetic document: `n_chunks` chunks of `tokens_per_chunk` corpus words each."""
+    return [" ".join(corpus_words(f"{doc_id}/{i}", tokens_per_chunk)) for i in range(n_chunks)]
+
+
+def make_question(doc_id: str, tokens: int = 14) -> str:
+    """A synthetic question about `doc_id`: `tokens` corpus words and a question mark."""
+    return " ".join(corpus_words(f"{doc_id}/question", tokens)) + " ?"

@@ -10,7 +10,8 @@ cache, in whole blocks of `block_size` tokens, keyed by the tokens before and in
   cached. Token ids, not text, so block boundaries match the full prompt's tokens.
   `warm(ids)` is that warm-up for ids you tokenized yourself; `tokenize_chat(messages, ...)`
   tokenizes a chat prefix with the server's chat template (its `/tokenize` with `messages`),
-  so a chat request's prefix can be warmed too (see `teola_langchain.openai_server`).
+  so a chat request's prefix can be warmed too. `PrefixWarmer` (`prefix_warmer.py`) warms a
+  server for the framework adapters, with the rule of when to give up.
 - PREFILL and FULL_PREFILL are lazy: the KV handle holds the prompt; the server prefills
   it as part of the decode request (vLLM runs prefill and decode as one request).
 - DECODE sends a completion request (greedy, temperature 0, unless the node's config sets

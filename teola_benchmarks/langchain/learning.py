@@ -45,8 +45,7 @@ from langchain_core.runnables import Runnable
 import teola
 from teola_adapters.simulated.paper_profiles import LLM
 from teola_adapters.simulated.servers import SimServers
-from teola_adapters.simulated.text import corpus_words
-from teola_benchmarks.workloads.common import make_chunks, make_question
+from teola_adapters.simulated.text import corpus_words, make_chunks, make_question
 from teola_core.profiles.profile import Curve, LatencyProfile
 
 SYSTEM = "You are a careful assistant. Answer from the user's document and the retrieved context only."

@@ -11,7 +11,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.schema import TextNode
 
-from teola_benchmarks.workloads.common import make_chunks, make_question
+from teola_adapters.simulated.text import make_chunks, make_question
 
 TOP_K = 3
 ANSWER = (

@@ -1,8 +1,9 @@
-"""Shared pieces of the benchmark workloads: synthetic corpora, prompts, the fake model.
+"""Shared pieces of the benchmark workloads: prompts, context blocks, the fake model.
 
 The text is synthetic but shaped like the paper's datasets: chunks of about a hundred
 tokens (words), short questions, short answers. Everything is a deterministic function
-of the query's index, so every system in a run sees the same inputs.
+of the query's index, so every system in a run sees the same inputs. The corpus' chunks
+and questions come from `teola_adapters.simulated.text` (the examples use them too).
 """
 
 from __future__ import annotations
@@ -20,14 +21,6 @@ ANSWER_INSTRUCTION = (
     "You are a careful assistant. Answer the question using only the context passages. "
     "Cite the passages you use and keep the answer short and precise. "
 )
-
-
-def make_chunks(doc_id: str, n_chunks: int, tokens_per_chunk: int) -> list[str]:
-    return [" ".join(corpus_words(f"{doc_id}/{i}", tokens_per_chunk)) for i in range(n_chunks)]
-
-
-def make_question(doc_id: str, tokens: int = 14) -> str:
-    return " ".join(corpus_words(f"{doc_id}/question", tokens)) + " ?"
 
 
 def docs_to_context(docs: Sequence[Any]) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from teola_adapters.simulated.text import make_chunks, make_question
 from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
-from teola_benchmarks.workloads.common import CONTEXT_MARKER, FakeModel, make_chunks, make_question
+from teola_benchmarks.workloads.common import CONTEXT_MARKER, FakeModel
 from teola_benchmarks.workloads.naive_rag import ANSWER_TOKENS, build_retrieval, build_synthesis
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.types import PortType

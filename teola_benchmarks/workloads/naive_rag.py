@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from teola_adapters.simulated.text import make_chunks, make_question
 from teola_benchmarks.workflow import Module, ModuleEnv, WorkflowTemplate
 from teola_benchmarks.workloads.base import Workload
 from teola_benchmarks.workloads.common import (
@@ -15,8 +16,6 @@ from teola_benchmarks.workloads.common import (
     FakeModel,
     docs_to_context,
     first_hits,
-    make_chunks,
-    make_question,
     single,
 )
 from teola_core.ir.builder import GraphBuilder, Value

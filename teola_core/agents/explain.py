@@ -1,23 +1,21 @@
 """`explain()` for optimized agents (LangChain and LlamaIndex alike): what the agent runtime
 does, the engines, what the runs so far did (their `ProgramStats` added up), the last run's
-graph as it grew (text, Mermaid, PNG with `png_dir`) and what recent runs did per engine.
+graph as it grew (text, Mermaid, PNG with `png_dir`); the drop-in kit adds what recent runs did.
 
     record = AgentRecord()            # record.add(program) as each run ends
-    text = "\\n".join(agent_sections("my-agent", runtime_settings, engines, record, recent.spans()))
+    text = "\\n".join(agent_sections("my-agent", features, "fcfs", engines, record))
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from teola_core.agents.host import AgentFeatures
 from teola_core.agents.program import Program, ProgramStats
 from teola_core.engines.protocol import EngineSet
-from teola_core.explain import file_name, mermaid, section, timeline_sections
+from teola_core.explain import file_name, mermaid, section
 from teola_core.ir.draw import draw_graph
-from teola_core.runtime.base import PrimitiveSpan
 
 
 class AgentRecord:
@@ -41,7 +39,6 @@ def agent_sections(
     priority_rule: str,
     engines: EngineSet,
     record: AgentRecord,
-    spans: Sequence[PrimitiveSpan],
     png_dir: str | Path | None = None,
 ) -> list[str]:
     """`explain()`'s sections for an agent (see the module docstring)."""
@@ -62,4 +59,4 @@ def agent_sections(
         if png_dir is not None:
             path = draw_graph(graph, Path(png_dir) / f"{file_name(name)}-last-run.png")
             out.append(section("picture", str(path)))
-    return [*out, *timeline_sections(spans, png_dir)]
+    return out

@@ -31,7 +31,7 @@ from teola_core.runtime.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from teola_core.runtime.ray import RayEngines
-    from teola_core.runtime.ray_options import RayOptions
+    from teola_core.runtime.ray.options import RayOptions
 
 BACKENDS = ("reference", "local", "ray")
 DEFAULT_BACKEND = "local"
@@ -66,27 +66,33 @@ def make_runtime(
     *,
     ray: RayOptions | Mapping[str, Any] | None = None,
     timeouts: Timeouts | float | None = None,
+    **scheduling: Any,
 ) -> Runtime:
-    """A fresh runtime of the named backend over `engines`.
+    """A fresh runtime of the named backend over `engines`: the one place runtimes are made.
 
     On "ray", `engines` may be a shared `RayEngines` placement (then `ray` must be None);
     otherwise the runtime places them itself as `ray` says, and `close()` kills its actors.
     `timeouts`: the deadlines of engine batches and user steps (`Timeouts`; default 600 s).
+    `scheduling`: what the scheduled backends ("local", "ray") take besides, e.g. `depth_cost`
+    (a workflow step's depth) or `clock` (the agents' clock); the reference evaluator
+    schedules nothing, so it takes none.
     """
     check_backend(backend, ray)
     if backend == "ray":
         from teola_core.runtime.ray import RayRuntime
 
-        runtime = RayRuntime(engines, policy, ray=ray)
+        runtime = RayRuntime(engines, policy, ray=ray, **scheduling)
         runtime.timeouts = Timeouts.of(timeouts)
         return runtime
     if not isinstance(engines, EngineSet):
         raise TypeError(f"backend {backend!r} runs an EngineSet, not {type(engines).__name__}")
     if backend == "reference":
+        if scheduling:
+            raise TypeError(f"backend 'reference' schedules nothing: it takes no {', '.join(sorted(scheduling))}")
         return ReferenceRuntime(engines)
     from teola_core.runtime.local import LocalRuntime
 
-    return LocalRuntime(engines, policy=policy, timeouts=Timeouts.of(timeouts))
+    return LocalRuntime(engines, policy=policy, timeouts=Timeouts.of(timeouts), **scheduling)
 
 
 def check_backend(backend: str, ray: object) -> None:
@@ -102,8 +108,9 @@ class RuntimePerLoop:
 
     Runtimes hold loop-bound futures and queues, so a drop-in object that is called from
     several loops (the caller's, its own sync thread's, a server's) keeps one each.
-    `hooks` are added to every runtime it creates; `timeouts` (a `Timeouts`, or seconds for
-    engines and steps alike) set the deadlines of each: what `optimize(..., timeout=)` passes.
+    `hooks` are added to every runtime it creates (and `add_hook` adds one to all, made and
+    to come); `timeouts` (a `Timeouts`, or seconds for engines and steps alike) set the
+    deadlines of each: what `optimize(..., timeout=)` passes; `scheduling`: `make_runtime`'s.
     On the "ray" backend the engines are placed once, here (`ray`: the `ray=` option,
     checked now), and every loop's runtime shares those actors; `close()` (or garbage
     collection) kills them, and a later call starts fresh ones (as a drop-in's sync thread
@@ -119,14 +126,17 @@ class RuntimePerLoop:
         *,
         ray: RayOptions | Mapping[str, Any] | None = None,
         timeouts: Timeouts | float | None = None,
+        **scheduling: Any,
     ) -> None:
         check_backend(backend, ray)
         self.engines = engines
         self.backend = backend
         self.policy = policy
-        self.hooks = tuple(hooks)
         self.timeouts = Timeouts.of(timeouts)
+        self._scheduling = scheduling
         self._runtimes: PerLoop[Runtime] = PerLoop()
+        for hook in hooks:
+            self.add_hook(hook)
         self._lock = threading.Lock()
         self._ray = ray
         self.placed: RayEngines | None = None
@@ -149,10 +159,18 @@ class RuntimePerLoop:
         return self._runtimes.current(self._make)
 
     def _make(self) -> Runtime:
-        runtime = make_runtime(self.placed or self.engines, self.backend, self.policy, timeouts=self.timeouts)
-        for hook in self.hooks:
-            runtime.add_hook(hook)
-        return runtime
+        return make_runtime(
+            self.placed or self.engines, self.backend, self.policy, timeouts=self.timeouts, **self._scheduling
+        )
+
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """Observe every primitive of every runtime, the ones made so far and the ones to come."""
+        # The setup holds `hook`, not self: the PerLoop keeps it, and self holds the PerLoop.
+        self._runtimes.apply_to_all(lambda runtime: runtime.add_hook(hook))
+
+    def pop_current(self) -> Runtime | None:
+        """Forget the running loop's runtime and return it (None if it had none), to close it."""
+        return self._runtimes.pop_current()
 
     @property
     def engine_names(self) -> tuple[str, ...]:

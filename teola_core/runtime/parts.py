@@ -20,7 +20,7 @@ from typing import Any
 from teola_core.engines.choices import EngineChoices
 from teola_core.engines.protocol import EngineSet
 from teola_core.runtime.backends import check_backend
-from teola_core.runtime.ray_options import RayOptions
+from teola_core.runtime.ray.options import RayOptions
 
 
 class SharedOptions:

@@ -14,7 +14,7 @@ from teola_core.engines.protocol import Call, EngineSet, StreamResult
 from teola_core.ir.errors import GraphError, PrimitiveError
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
-from teola_core.ops import gather_inputs, run_inline, run_user
+from teola_core.runtime.engine_free import gather_inputs, run_inline, run_user
 
 
 async def evaluate(

@@ -13,7 +13,7 @@ from typing import Any
 
 from teola_core.engines.protocol import Call, Engine, StreamResult
 from teola_core.ir.node import Node
-from teola_core.ops import run_inline, run_user
+from teola_core.runtime.engine_free import run_inline, run_user
 from teola_core.runtime.failures import checked_results, own_copies
 from teola_core.runtime.timeouts import DeadlineExpired, step_timeout, within
 

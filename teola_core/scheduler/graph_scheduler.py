@@ -274,7 +274,7 @@ class GraphScheduler:
 
     def _gather(self, q: QueryState, i: int) -> dict[str, Any]:
         """The node's input values; inputs from skipped producers are left out (as in
-        `ops.gather_inputs`)."""
+        `engine_free.gather_inputs`)."""
         gathered: dict[str, Any] = {}
         outputs = q.outputs
         for src, src_port, port, select in q.plan.producers[i]:

@@ -49,24 +49,32 @@ from typing import Any
 
 from langgraph.pregel import Pregel
 
+from teola_core.dropin import DropIn
 from teola_core.engines.choices import EngineOption
-from teola_core.explain import section, timeline_sections
+from teola_core.explain import section
 from teola_core.runtime.backends import DEFAULT_BACKEND, check_backend
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.parts import SharedOptions
-from teola_core.runtime.ray_options import RayOptions
+from teola_core.runtime.ray.options import RayOptions
+from teola_core.runtime.timeline import RecentSpans
 from teola_langchain.configure_hooks import holding
 from teola_langchain.engines import EngineChoices
 from teola_langchain.langgraph.structure import LCEL_CHAINS, is_create_agent, node_kinds
-from teola_langchain.program_order.admission import AUTO, Concurrency
+from teola_langchain.program_order.admission import AUTO, Concurrency, ModelAdmission
 from teola_langchain.program_order.gate import CURRENT_GATE, gated_chunks
 from teola_langchain.program_order.runs import ProgramRuns
 from teola_langchain.runnable import TeolaRunnable
 
 
-class OptimizedGraph:
-    """Mixed into a copy of the user's compiled graph (see the module docstring)."""
+class OptimizedGraph(DropIn):
+    """Mixed into a copy of the user's compiled graph (see the module docstring).
 
+    It is the graph (a copy of it), so nothing is forwarded; the model calls its nodes make
+    are ordered by `ProgramRuns`, and its chain nodes are `TeolaRunnable`s with their own
+    runtimes (`runnable_nodes=True`).
+    """
+
+    forwards_to = None
     _teola: ProgramRuns
     _teola_original: Pregel
     _teola_chains: dict[str, TeolaRunnable[Any, Any]]  # nodes whose chain runs through teola.optimize
@@ -131,16 +139,40 @@ class OptimizedGraph:
         """Node name -> the optimized chain that node runs (`runnable_nodes=True`)."""
         return dict(self._teola_chains)
 
+    @property
+    def recent(self) -> RecentSpans:  # type: ignore[override]
+        """The last model calls' spans, on every loop (shared with this graph's copies)."""
+        return self._teola.recent
+
+    def runtime(self) -> ModelAdmission:
+        """What orders this graph's model calls on the running event loop (made on first use)."""
+        return self._teola.admission(asyncio.get_running_loop())
+
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """Observe every model call of every run (a prefill and a decode span each), on every loop."""
+        self._teola.add_hook(hook)
+
+    def where(self) -> dict[str, str]:
+        """Per engine: the model engines seen so far run in the driver (the nodes call them);
+        a chain node's engines as its `TeolaRunnable` places them ("node/engine")."""
+        out = dict.fromkeys(self._teola.engines(), "driver")
+        for node, chain in self._teola_chains.items():
+            out |= {f"{node}/{engine}": place for engine, place in chain.where().items()}
+        return out
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.where()))
+
     def close(self) -> None:
         """Stop the loop threads of the sync methods and the chains' Ray actors (all restart if used)."""
         self._teola.shutdown()
         for chain in self._teola_chains.values():
             chain.close()
 
-    def explain(self, png_dir: str | Path | None = None) -> str:
+    def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:
         """What LangGraph runs and what Teola does for each node (and the graph in Mermaid), the
-        engines seen so far, advice, and what recent runs' model calls did (timeline PNG with
-        `png_dir`)."""
+        engines seen so far, and advice."""
         runs = self._teola
         original = self._teola_original
         out = [
@@ -174,8 +206,7 @@ class OptimizedGraph:
         advice = _advice(original, self._teola_chains, runs.concurrency)
         out.append(section("advice", "\n".join(f"- {a}" for a in advice) or "- none"))
         out.append(section("mermaid (the graph as LangGraph draws it)", original.get_graph().draw_mermaid()))
-        out.extend(timeline_sections(runs.recent.spans(), png_dir))
-        return "\n".join(out)
+        return out
 
 
 def _node_plan(kind: str, chain: TeolaRunnable[Any, Any] | None) -> str:

@@ -103,6 +103,12 @@ class ModelAdmission:
     def engines(self) -> list[str]:
         return list(self._gates)
 
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """One more runtime hook, on every engine's gate (made so far and to come)."""
+        self.hooks = (*self.hooks, hook)
+        for runtime, _ in self._gates.values():
+            runtime.add_hook(hook)
+
     def runtime(self, engine: str) -> LocalRuntime:
         return self._gates[engine][0]
 

@@ -193,7 +193,7 @@ def model_server(serialized: Mapping[str, Any] | None) -> str | None:
     """
     base = ((serialized or {}).get("kwargs") or {}).get("openai_api_base")
     if not isinstance(base, str) or not base or urlparse(base).hostname == "api.openai.com":
-        return None  # OpenAI's own API reports no load (as `openai_server.openai_compatible` rules)
+        return None  # OpenAI's own API reports no load (as `prefix_warmup.openai_compatible` rules)
     return root_of(base)
 
 

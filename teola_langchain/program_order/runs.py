@@ -51,6 +51,12 @@ class ProgramRuns:
         self._thread = LoopThread(f"teola-graph:{name}")
         self._finalizer = weakref.finalize(self, self._thread.close)
 
+    def add_hook(self, hook: RuntimeHook) -> None:
+        """One more runtime hook, on every loop's admission (made so far and to come)."""
+        self.hooks = (*self.hooks, hook)
+        for admission in self._admissions.values():
+            admission.add_hook(hook)
+
     def admission(self, loop: asyncio.AbstractEventLoop) -> ModelAdmission:
         return self._admissions.get(loop, self._new_admission)
 

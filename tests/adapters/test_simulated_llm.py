@@ -16,7 +16,7 @@ from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.node import DecodePart, Node
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle, PortType
-from teola_core.ops import decode_chunk
+from teola_core.runtime.engine_free import decode_chunk
 
 PROMPT = " ".join(f"w{i}" for i in range(40))
 

@@ -18,7 +18,7 @@ from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import DecodePart
 from teola_core.ir.split_units import Lines
 from teola_core.ir.types import KVHandle
-from teola_core.ops import decode_chunk
+from teola_core.runtime.engine_free import decode_chunk
 
 
 def words(tag: str, n: int) -> str:

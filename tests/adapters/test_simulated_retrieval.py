@@ -15,7 +15,7 @@ from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import MergeMode, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import Document, Scored
-from teola_core.ops import aggregate
+from teola_core.runtime.engine_free import aggregate
 
 TEXTS = [f"chunk {i} about {'rivers and oceans' if i % 3 else 'kernels and threads'} number {i % 7}" for i in range(48)]
 

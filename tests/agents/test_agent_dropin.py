@@ -28,13 +28,14 @@ def test_a_bad_priority_rule_is_named_at_once() -> None:
 def test_runs_on_two_loops_reach_the_hooks_record_and_explain() -> None:
     drop_in = AgentDropIn("helper", None, "plas")
     drop_in.engines.add(ToyLLM("llm"))
+    drop_in.place_engines(drop_in.engines)
     before = Spans()
     drop_in.add_hook(before)  # before any runtime exists
     runtimes: list[AgentRuntime] = []
 
     async def one_run() -> None:
-        runtime = drop_in.runtime_for_current_loop()
-        assert drop_in.runtime_for_current_loop() is runtime  # one per loop
+        runtime = drop_in.runtime()
+        assert drop_in.runtime() is runtime  # one per loop
         runtimes.append(runtime)
         program = runtime.program()
         await program.generate("p", engine="llm", max_tokens=4)

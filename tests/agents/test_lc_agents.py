@@ -435,7 +435,7 @@ async def test_idempotent_tools_run_once_across_concurrent_runs(programs: list[P
     got = await asyncio.gather(*(fast.ainvoke(q) for q in questions))
     assert [messages_view(g) for g in got] == [messages_view(e) for e in expected]
     assert sorted(tools.reads) == ["a.txt", "b.txt", "c.txt"]  # a.txt's body ran once
-    stats = fast.runtime_for_current_loop().tool_cache.stats
+    stats = fast.runtime().tool_cache.stats
     assert (stats.runs, stats.hits + stats.merged) == (3, 1)
     shared = [
         next(m for m in g["messages"] if isinstance(m, ToolMessage) and m.content == "contents of a.txt") for g in got

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from drop_in_family import check_drop_in
 from llama_index.core.agent.workflow import (
     AgentOutput,
     AgentStream,
@@ -533,3 +534,14 @@ def test_react_agent_same_output(streaming: bool) -> None:
     assert plain_calls == 4 and script.calls == 8
     assert len(spans.decodes()) == 4
     assert tools.runs == {"lookup": 2, "broken": 2, "add": 2}
+
+
+def test_an_agent_is_on_the_drop_in_kit() -> None:
+    """The agent row of the drop-in family (`tests/drop_in_family.py`)."""
+    agent = function_agent(Script(plan), Tools())
+    fast = teola.optimize(agent)
+
+    async def run(app: Any) -> tuple[Any, ...]:
+        return summary(await app.run(user_msg="lookup:alpha"), ids=True)
+
+    asyncio.run(check_drop_in(agent, fast, run))

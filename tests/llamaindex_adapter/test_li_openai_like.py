@@ -1,7 +1,8 @@
 """`OpenAILike` on Teola's LLM engine path: the user's client answers, Teola warms the prefix.
 
 A fake OpenAI-compatible vLLM server (an `httpx.MockTransport`, shared by the user's
-client and Teola's warm-up engine): `/tokenize` gives one token per character,
+client and Teola's warm-up engine): `/tokenize` gives one token per character (or fails
+with the status a test gives),
 `/metrics` states a 4-token KV block, `/v1/completions` answers a text prompt with a
 function of it and records every request (a token-id prompt is a warm-up).
 """
@@ -42,8 +43,9 @@ QUESTIONS = ["what do cats do at dusk?", "how do vector stores answer a query?"]
 class FakeVLLM:
     """The fake server (see the module docstring)."""
 
-    def __init__(self, *, tokenize: bool = True) -> None:
-        self.tokenize = tokenize
+    def __init__(self, *, tokenize_status: int = 200) -> None:
+        self.tokenize_status = tokenize_status
+        self.tokenizes = 0  # /tokenize requests
         self.prompts: list[str] = []  # text completions, in arrival order
         self.warmups: list[list[int]] = []  # token-id completions
         self.chats: list[Any] = []
@@ -52,8 +54,9 @@ class FakeVLLM:
         path = request.url.path
         body = json.loads(request.content) if request.content else {}
         if path == "/tokenize":
-            if not self.tokenize:
-                return httpx.Response(404, json={"detail": "Not Found"})
+            self.tokenizes += 1
+            if self.tokenize_status != 200:
+                return httpx.Response(self.tokenize_status, json={"detail": "tokenize failed"})
             return httpx.Response(200, json={"tokens": [ord(c) for c in body["prompt"]], "count": 0})
         if path == "/metrics":
             return httpx.Response(200, text='vllm:cache_config_info{block_size="4",gpu_memory_utilization="0.9"} 1.0\n')
@@ -155,7 +158,11 @@ def test_answers_are_the_clients_and_the_ready_prefix_is_warmed(template: Any, d
     engine = fast._engines.engines["llm:OpenAILike"]
     assert isinstance(engine, PrefixWarmingLLMEngine)
     assert engine.warm_error is None and engine.warmer.block_size == 4
-    assert engine.warmups == 2 * len(QUESTIONS)  # one per optimized query (sync and async)
+    # One per new prefix: the default template's ready start is the same for every question,
+    # the query-first one's holds the question (asked sync, then async: a repeat).
+    stats = engine.warmer.stats
+    assert engine.warmups == (len(QUESTIONS) if template is QUERY_FIRST else 1)
+    assert stats.warmups + stats.repeats == 2 * len(QUESTIONS) and stats.failures == 0
     _warm_prefixes_precede_their_prompts(server)
     assert "llm:OpenAILike: warms split prefixes on http://127.0.0.1:18000" in fast.explain()
     if template is QUERY_FIRST:  # the warmed prefix holds the question
@@ -170,13 +177,31 @@ def test_decomposed_without_a_split_prefill_nothing_is_warmed() -> None:
     assert server.warmups == []
 
 
-def test_a_server_without_tokenize_stops_the_warmups_and_answers_the_same() -> None:
-    server = FakeVLLM(tokenize=False)
-    fast = _check(_engine(_llm(server)), profiles=PROFILES)
+def test_a_server_without_tokenize_stops_the_warmups_at_once_and_answers_the_same() -> None:
+    server = FakeVLLM(tokenize_status=404)
+    fast = _check(_engine(_llm(server)), profiles=PROFILES)  # four queries
     engine = fast._engines.engines["llm:OpenAILike"]
-    assert engine.warm_error is not None
-    assert "404" in engine.warm_error or "not found" in engine.warm_error.lower(), engine.warm_error
+    assert engine.warm_error is not None and "HTTP 404" in engine.warm_error, engine.warm_error
+    assert server.tokenizes == 1 and engine.warmer.stats.failures == 1  # never asked again
     assert server.warmups == []
+    assert "stopped (the server has no vLLM tokenizer endpoint (HTTP 404))" in fast.explain()
+
+
+def test_two_failed_warm_ups_in_a_row_are_tolerated_and_the_third_stops_them() -> None:
+    """The one rule (`teola_adapters.vllm_http.PrefixWarmer`), as LangChain's adapter has it too."""
+    server = FakeVLLM(tokenize_status=503)
+    llm = _llm(server)
+    plain = _engine(llm, text_qa_template=QUERY_FIRST)
+    fast = TeolaQueryEngine(plain, profiles=PROFILES)
+    engine = fast._engines.engines["llm:OpenAILike"]
+    questions = [*QUESTIONS, "what is a prefix cache?", "why warm a prefix?"]
+    stopped = []
+    for q in questions:
+        _same(fast.query(q), plain.query(q))  # every answer is the client's own, warm-up or not
+        stopped.append(engine.warm_error is not None)
+    assert stopped == [False, False, True, True]
+    assert "3 warm-ups failed in a row" in (engine.warm_error or "")
+    assert server.tokenizes == 3 and engine.warmer.stats.failures == 3 and server.warmups == []
 
 
 def test_chat_models_and_warm_prefix_false_use_the_plain_engine() -> None:
@@ -263,5 +288,5 @@ def test_query_pipeline_prompt_prefix_is_warmed() -> None:
         expected = str(pipeline.run(input=q))
         assert str(fast.run(input=q)) == expected
         assert str(asyncio.run(fast.arun(input=q))) == expected
-    assert fast._engines.engines["llm:OpenAILike"].warmups == 2 * len(QUESTIONS)
+    assert fast._engines.engines["llm:OpenAILike"].warmups == len(QUESTIONS)  # each question's prefix once
     _warm_prefixes_precede_their_prompts(server)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from drop_in_family import check_drop_in
 from li_fakes import make_index, make_llm
 from llama_index.core import PromptTemplate
 from llama_index.core.postprocessor import SimilarityPostprocessor
@@ -411,7 +412,7 @@ def test_concurrent_runs_embed_each_query_alone() -> None:
                 sizes.append(span.batch_size)
 
     async def main() -> list[Any]:
-        fast.runtime_for_current_loop().add_hook(Hook())
+        fast.runtime().add_hook(Hook())
         return await asyncio.gather(*(fast.arun(input=f"question {i}") for i in range(6)))
 
     results = asyncio.run(main())
@@ -446,3 +447,14 @@ def test_one_llm_feeding_another_is_traced_and_equal() -> None:
     assert [n.kind for n in fast.plan.graph.nodes.values() if n.engine].count(PrimitiveKind.DECODE) == 2
     assert str(fast.run(x="a")) == str(pipeline.run(x="a"))
     assert str(asyncio.run(fast.arun(x="a"))) == str(pipeline.run(x="a"))
+
+
+def test_a_query_pipeline_is_on_the_drop_in_kit() -> None:
+    """The QueryPipeline row of the drop-in family (`tests/drop_in_family.py`)."""
+    pipeline = rag()
+    fast = _quiet(pipeline)
+    asyncio.run(check_drop_in(pipeline, fast, lambda app: _arun(app, "what do cats eat?")))
+
+
+async def _arun(app: Any, q: str) -> str:
+    return str(await app.arun(input=q))

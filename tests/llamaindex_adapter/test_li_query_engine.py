@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from drop_in_family import check_drop_in
 from li_fakes import TEXTS, make_index, make_llm
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.postprocessor import SimilarityPostprocessor
@@ -108,7 +110,7 @@ def test_concurrent_queries_embed_each_query_alone() -> None:
                 sizes.append(span.batch_size)
 
     async def main() -> list[Any]:
-        fast.runtime_for_current_loop().add_hook(Hook())
+        fast.runtime().add_hook(Hook())
         return await asyncio.gather(*(fast.aquery(f"question {i}") for i in range(5)))
 
     for got, i in zip(asyncio.run(main()), range(5), strict=True):
@@ -157,3 +159,17 @@ def test_explain_shows_the_plan_in_mermaid_and_what_recent_queries_did(tmp_path:
         assert (tmp_path / "timeline.png").stat().st_size > 0
     finally:
         fast.close()
+
+
+@pytest.mark.parametrize("shape", ["default-compact", "opaque-retriever"])
+def test_a_query_engine_is_on_the_drop_in_kit(shape: str) -> None:
+    """The query engine row of the drop-in family (`tests/drop_in_family.py`), traced and as itself."""
+    engine = SHAPES[shape]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpaqueModuleWarning)
+        fast = teola.optimize(engine)
+
+    async def run(app: Any) -> str:
+        return str(await app.aquery("what do cats eat?"))
+
+    asyncio.run(check_drop_in(engine, fast, run))

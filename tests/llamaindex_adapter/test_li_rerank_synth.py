@@ -96,7 +96,7 @@ def _ran(fast: TeolaQueryEngine, question: str) -> list[PrimitiveKind]:
     hook = Kinds()
 
     async def main() -> Any:
-        fast.runtime_for_current_loop().add_hook(hook)
+        fast.runtime().add_hook(hook)
         return await fast.aquery(question)
 
     asyncio.run(main())
@@ -187,7 +187,7 @@ def test_registered_batch_reranker_batches_concurrent_queries_with_the_same_resu
     hook = Kinds()
 
     async def main() -> list[Any]:
-        runtime = fast.runtime_for_current_loop()
+        runtime = fast.runtime()
         runtime.add_hook(hook)
         hold_batches(runtime, rerank_engine, len(questions))  # a model call lasts until every query's is in
         return await asyncio.gather(*(fast.aquery(q) for q in questions))
@@ -311,7 +311,7 @@ def test_concurrent_queries_share_the_llm_engine_one_call_per_batch() -> None:
     hook = Kinds()
 
     async def main() -> list[Any]:
-        fast.runtime_for_current_loop().add_hook(hook)
+        fast.runtime().add_hook(hook)
         return await asyncio.gather(*(fast.aquery(q) for q in questions))
 
     for got, q in zip(asyncio.run(main()), questions, strict=True):

@@ -297,3 +297,17 @@ def test_loop_and_text_batches() -> None:
     plain, got = asyncio.run(main())
     assert got == [plain, plain]
     assert {s.node.kind for s in spans.spans} == {PrimitiveKind.EMBED}
+
+
+def test_a_workflow_is_on_the_drop_in_kit() -> None:
+    """The Workflow row of the drop-in family (`tests/drop_in_family.py`)."""
+    from drop_in_family import check_drop_in
+
+    wf = Sequential(MockLLM(max_tokens=8))
+    fast = teola.optimize(wf)
+
+    async def run(app: Any) -> Any:
+        return await app.run(topic="cats")
+
+    asyncio.run(check_drop_in(wf, fast, run))
+    assert fast.where() == {name: "driver" for name in fast.engines.engines}  # the workflow's models

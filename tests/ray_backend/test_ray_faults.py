@@ -28,7 +28,7 @@ from ray_test_engines import Embedder, Gate, StatefulLLM  # noqa: E402
 from teola_core.engines.protocol import EngineSet  # noqa: E402
 from teola_core.ir.errors import PrimitiveError  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
-from teola_core.runtime.ray_pool import ActorInfo, EngineActorError, EngineUnavailableError, RayEnginePool  # noqa: E402
+from teola_core.runtime.ray.pool import ActorInfo, EngineActorError, EngineUnavailableError, RayEnginePool  # noqa: E402
 
 
 @pytest.fixture

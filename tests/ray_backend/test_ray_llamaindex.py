@@ -98,3 +98,43 @@ def test_options_are_checked_against_what_was_traced() -> None:
         teola.optimize(engine, ray={})
     with pytest.raises(TypeError, match="unexpected keyword argument 'rays'"):
         teola.optimize(engine, backend="ray", rays={})
+
+
+def test_a_workflow_and_an_agent_answer_on_ray_as_plain(ray_cluster: Any) -> None:
+    """`backend="ray"` on the workflow and agent drop-ins (the drop-in kit's one runtime
+    factory): their graphs run on a Ray runtime, the app's models stay in the driver."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.llms.mock import MockFunctionCallingLLM
+    from llama_index.core.workflow import StartEvent, StopEvent, Workflow, step
+
+    from teola_core.runtime.ray import RayRuntime
+
+    class Draft(Workflow):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.llm = make_llm(max_tokens=8)
+
+        @step
+        async def draft(self, ev: StartEvent) -> StopEvent:
+            return StopEvent(result=str(await self.llm.acomplete(f"Draft: {ev.topic}")))
+
+    async def runs(app: Any) -> list[str]:
+        return [await app.run(topic=q) for q in QUESTIONS[:4]]
+
+    async def agent_runs(app: Any) -> list[str]:
+        return [str((await app.run(user_msg=q)).response.content) for q in QUESTIONS[:4]]
+
+    for plain, run in ((Draft(), runs), (FunctionAgent(tools=[], llm=MockFunctionCallingLLM()), agent_runs)):
+        expected = asyncio.run(run(plain))
+        fast = teola.optimize(plain, backend="ray")
+
+        async def on_ray(fast: Any = fast, run: Any = run) -> tuple[list[str], Any]:
+            return await run(fast), fast.runtime()
+
+        try:
+            got, runtime = asyncio.run(on_ray())
+            assert got == expected
+            assert isinstance(getattr(runtime, "runtime", runtime), RayRuntime)  # an agent runtime wraps it
+            assert set(fast.where().values()) == {"driver"}
+        finally:
+            fast.close()

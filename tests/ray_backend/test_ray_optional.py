@@ -8,7 +8,7 @@ import sys
 
 def test_importing_the_ray_backend_does_not_import_ray() -> None:
     code = (
-        "import sys, teola_core, teola_core.runtime.ray, teola_core.runtime.ray_pool\n"
+        "import sys, teola_core, teola_core.runtime.ray, teola_core.runtime.ray.pool\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -26,7 +26,7 @@ def test_a_missing_ray_names_the_extra() -> None:
         "    assert 'pip install \"teola[ray]\"' in str(exc), exc\n"
         "else:\n"
         "    raise AssertionError('no error')\n"
-        "from teola_core.runtime.ray_pool import RayEnginePool\n"
+        "from teola_core.runtime.ray.pool import RayEnginePool\n"
         "try:\n"
         "    RayEnginePool(lambda: None)\n"
         "except ImportError as exc:\n"

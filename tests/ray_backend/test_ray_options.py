@@ -12,7 +12,7 @@ from teola_core.engines.choices import EngineChoices
 from teola_core.engines.protocol import Engine, EngineSet
 from teola_core.runtime.backends import RuntimePerLoop, make_runtime
 from teola_core.runtime.parts import SharedOptions
-from teola_core.runtime.ray_options import EngineOptions, RayOptions
+from teola_core.runtime.ray.options import EngineOptions, RayOptions
 
 
 def engines() -> EngineSet:

@@ -19,7 +19,7 @@ from teola_core.ir.errors import PrimitiveError  # noqa: E402
 from teola_core.runtime.backends import RuntimePerLoop  # noqa: E402
 from teola_core.runtime.loop_thread import LoopThread  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
-from teola_core.runtime.ray_pool import EngineUnavailableError, RayEnginePool  # noqa: E402
+from teola_core.runtime.ray.pool import EngineUnavailableError, RayEnginePool  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

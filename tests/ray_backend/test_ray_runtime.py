@@ -30,7 +30,7 @@ from teola_core.passes.base import PassContext  # noqa: E402
 from teola_core.runtime.base import Runtime  # noqa: E402
 from teola_core.runtime.local import LocalRuntime  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
-from teola_core.runtime.ray_pool import EngineCopy, RayEnginePool  # noqa: E402
+from teola_core.runtime.ray.pool import EngineCopy, RayEnginePool  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

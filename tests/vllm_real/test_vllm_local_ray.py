@@ -49,8 +49,8 @@ from teola_core.ir.node import DecodePart, Node  # noqa: E402
 from teola_core.ir.split_units import Lines  # noqa: E402
 from teola_core.ir.types import PortType  # noqa: E402
 from teola_core.runtime.ray import RayRuntime  # noqa: E402
-from teola_core.runtime.ray_kv_pins import PinnedToken  # noqa: E402
-from teola_core.runtime.ray_pool import RayEnginePool  # noqa: E402
+from teola_core.runtime.ray.kv_pins import PinnedToken  # noqa: E402
+from teola_core.runtime.ray.pool import RayEnginePool  # noqa: E402
 
 pytestmark = pytest.mark.skipif(model_missing() is not None, reason=model_missing() or "")
 
@@ -168,7 +168,7 @@ def test_streamed_partial_decode_through_the_actor_delivers_items_early(pool: Ra
 def test_a_killed_vllm_actor_fails_its_stream_and_is_replaced(pool: RayEnginePool) -> None:
     """Last in the module (it replaces the fixture's actor). A stream that has yielded fails
     naming the lost actor; the next query waits for the replacement vLLM and answers the same."""
-    from teola_core.runtime.ray_pool import EngineActorError
+    from teola_core.runtime.ray.pool import EngineActorError
 
     decode = node(K.DECODE, max_tokens=24)
     prompt = fresh_prefix() + QUESTION

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from teola_core.runtime.ray_actor import ActorInfo
-from teola_core.runtime.ray_options import EngineOptions
+from teola_core.runtime.ray.actor import ActorInfo
+from teola_core.runtime.ray.options import EngineOptions
 
 # Scheduling options the placement check cannot model: with them, a replica is assumed placeable.
 _UNMODELLED = ("scheduling_strategy", "placement_group", "label_selector", "accelerator_type")

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from teola_core.runtime.ray_actor import ActorInfo, EngineDescription, EngineUnavailableError, require_ray
-from teola_core.runtime.ray_options import EngineOptions
-from teola_core.runtime.ray_placement import placement_modelled, unplaceable_reason
-from teola_core.runtime.ray_replica_errors import none_ready, pool_unavailable, replica_cannot_run
-from teola_core.runtime.ray_replica_state import Incarnation, ReplicaSignal, ReplicaSlot, wait_for_change
+from teola_core.runtime.ray.actor import ActorInfo, EngineDescription, EngineUnavailableError, require_ray
+from teola_core.runtime.ray.options import EngineOptions
+from teola_core.runtime.ray.placement import placement_modelled, unplaceable_reason
+from teola_core.runtime.ray.replica_errors import none_ready, pool_unavailable, replica_cannot_run
+from teola_core.runtime.ray.replica_state import Incarnation, ReplicaSignal, ReplicaSlot, wait_for_change
 
 _RECHECK_S = 1.0  # at most one placement check per second, when calls find no ready replica
 

@@ -2,7 +2,7 @@
 
 The scheduler state machines are the local backend's, so batching spans every query
 exactly as locally and outputs are the same; what changes is where an engine's batch
-runs. Engines are placed as the `ray=` option says (`teola_core.runtime.ray_options`):
+runs. Engines are placed as the `ray=` option says (`teola_core.runtime.ray.options`):
 each in a `RayEnginePool` of actors placed by resources, except the engines that stay in
 the driver (`Engine.driver_only`, `in_driver`) — mixed placement in one runtime.
 
@@ -25,9 +25,9 @@ from typing import Any
 
 from teola_core.engines.protocol import EngineSet
 from teola_core.runtime.local import LocalRuntime
-from teola_core.runtime.ray_actor import require_ray
-from teola_core.runtime.ray_options import RayOptions
-from teola_core.runtime.ray_pool import RayEnginePool
+from teola_core.runtime.ray.actor import require_ray
+from teola_core.runtime.ray.options import RayOptions
+from teola_core.runtime.ray.pool import RayEnginePool
 
 __all__ = ["RayEngines", "RayRuntime", "connect", "require_ray"]
 

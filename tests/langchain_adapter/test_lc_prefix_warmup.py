@@ -31,7 +31,7 @@ from teola_adapters.simulated.paper_profiles import EMBEDDER, LLM
 from teola_adapters.simulated.servers import SimServers
 from teola_examples.common import corpus, format_docs, questions
 from teola_langchain.engines import LangChainLLMEngine
-from teola_langchain.openai_server import openai_compatible
+from teola_langchain.prefix_warmup import openai_compatible, render
 
 SYSTEM = "You are a careful assistant for a documentation search engine. Answer in plain words. " * 5
 # The retriever's embedder has a profile, so the prefill-split pass sees `context` arrive
@@ -187,12 +187,15 @@ def test_failing_warm_ups_fail_alone_and_stop_after_three(servers) -> None:
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     chain, llm = chat_chain(servers)
     fast = teola.optimize(chain, profiles=PROFILES, engines=[(llm, VLLMHTTPEngine(dead, "sim-7b", retries=0))])
-    xs = inputs(5)
+    stats = llm_engine(fast, "llm:ChatOpenAI").warmer.stats
+    stopped = []
     try:
-        assert [fast.invoke(x) for x in xs] == [chain.invoke(x) for x in xs]
+        for x in inputs(5):
+            assert fast.invoke(x) == chain.invoke(x)
+            stopped.append(stats.disabled is not None)
     finally:
         fast.close()
-    stats = llm_engine(fast, "llm:ChatOpenAI").warmer.stats
+    assert stopped == [False, False, True, True, True]  # two failures in a row are tolerated, the third stops
     assert stats.failures == 3 and stats.warmups == 0
     assert stats.disabled is not None and "3 warm-ups failed in a row" in stats.disabled
 
@@ -202,8 +205,7 @@ def test_a_warm_up_is_sent_not_waited_for(servers) -> None:
     queues behind it at the server instead of waiting for its answer."""
     from langchain_core.messages import SystemMessage
 
-    from teola_adapters.vllm_http import VLLMHTTPEngine
-    from teola_langchain.openai_server import PrefixWarmer
+    from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine
     from teola_langchain.prompts import PromptPrefix
 
     class HeldWarmUps(VLLMHTTPEngine):
@@ -220,12 +222,13 @@ def test_a_warm_up_is_sent_not_waited_for(servers) -> None:
         server.release = asyncio.Event()
         warmer = PrefixWarmer(server)
         llm = ChatOpenAI(base_url=servers.base_url, api_key="x", model="sim-7b", max_tokens=8)
-        prefix = PromptPrefix(messages=(SystemMessage(SYSTEM),), open_role="human", open_text="Question: ")
-        sending = await warmer.start(llm, llm, prefix)
+        ready = PromptPrefix(messages=(SystemMessage(SYSTEM),), open_role="human", open_text="Question: ")
+        prefix = render(llm, llm, ready)
+        sending = await warmer.start(prefix)
         assert sending is not None and not sending.done() and warmer.stats.warmups == 0
-        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 1  # on its way: not twice
+        assert await warmer.start(prefix) is None and warmer.stats.repeats == 1  # on its way: not twice
         server.release.set()
         assert await sending > 0 and warmer.stats.warmups == 1
-        assert await warmer.start(llm, llm, prefix) is None and warmer.stats.repeats == 2  # warmed just now
+        assert await warmer.start(prefix) is None and warmer.stats.repeats == 2  # warmed just now
 
     asyncio.run(run())

@@ -15,7 +15,7 @@ callers): its state is guarded by a lock and results arrive as Ray futures.
 
 Routing: a batch goes to the least-loaded *ready* replica (ties rotate); a decode whose
 KV handle this pool produced goes to the actor that holds its state (the pool tags each
-handle with it: `ray_kv_pins`). Replicas that are lost are replaced (`ray_replicas`).
+handle with it: `kv_pins`). Replicas that are lost are replaced (`replicas`).
 
 A call that was running on a lost actor is re-sent once to another replica (engine calls
 are stateless), except a call whose KV state lived there, an INGEST (a write may have
@@ -35,7 +35,7 @@ from typing import Any
 
 from teola_core.engines.protocol import Call, CallResult, Engine
 from teola_core.ir.kinds import PrimitiveKind
-from teola_core.runtime.ray_actor import (
+from teola_core.runtime.ray.actor import (
     NOBODY,
     ActorInfo,
     EngineActor,
@@ -46,10 +46,10 @@ from teola_core.runtime.ray_actor import (
     engine_error,
     require_ray,
 )
-from teola_core.runtime.ray_kv_pins import PinnedToken, pin_kv_handles, unpin_call
-from teola_core.runtime.ray_options import DEFAULT_REPLICA_WAIT_S, EngineOptions
-from teola_core.runtime.ray_replica_state import Incarnation
-from teola_core.runtime.ray_replicas import Replicas
+from teola_core.runtime.ray.kv_pins import PinnedToken, pin_kv_handles, unpin_call
+from teola_core.runtime.ray.options import DEFAULT_REPLICA_WAIT_S, EngineOptions
+from teola_core.runtime.ray.replica_state import Incarnation
+from teola_core.runtime.ray.replicas import Replicas
 
 __all__ = [
     "ActorInfo",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from teola_core.runtime.ray_actor import EngineUnavailableError
-from teola_core.runtime.ray_replica_state import ReplicaSlot
+from teola_core.runtime.ray.actor import EngineUnavailableError
+from teola_core.runtime.ray.replica_state import ReplicaSlot
 
 
 def pool_unavailable(

@@ -1,6 +1,6 @@
 """The records behind a `Replicas`: each slot's state and actor, and the signal its waiters wait on.
 
-`Replicas` (`teola_core.runtime.ray_replicas`) changes these only under its lock; calls on
+`Replicas` (`teola_core.runtime.ray.replicas`) changes these only under its lock; calls on
 any thread or event loop wait for a change through the signal.
 """
 
@@ -11,7 +11,7 @@ import concurrent.futures
 import time
 from typing import Any
 
-from teola_core.runtime.ray_actor import ActorInfo
+from teola_core.runtime.ray.actor import ActorInfo
 
 
 class Incarnation:

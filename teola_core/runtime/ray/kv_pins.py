@@ -15,7 +15,7 @@ from typing import Any
 
 from teola_core.engines.protocol import Call, CallResult
 from teola_core.ir.types import KVHandle
-from teola_core.runtime.ray_actor import ActorInfo
+from teola_core.runtime.ray.actor import ActorInfo
 
 
 @dataclass(frozen=True)
