@@ -3,7 +3,7 @@ written as two chained `.assign`s.
 
 The check reads only the question, so it need not wait for the retrieval: LangChain runs
 the two `.assign`s one after the other; Teola proves from the check's prompt that it reads
-only "question" and starts it with the retrieval (`teola_langchain/early_steps.py`). The
+only "question" and starts it with the retrieval (`teola_langchain/tracing/early_steps.py`). The
 same chain with one `.assign(context=..., check=...)` (`build_one_assign`) already runs
 both at once in plain LangChain: the benchmark runs that spelling plain beside it.
 

@@ -24,7 +24,7 @@ from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from teola_examples.common import demo, format_docs, questions
-from teola_langchain.parsers import LineListOutputParser
+from teola_langchain.components.parsers import LineListOutputParser
 
 N_QUERIES = 4
 

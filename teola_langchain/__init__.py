@@ -9,12 +9,12 @@ Needs `langchain-core` (`pip install 'teola[langchain]'`).
 
 from typing import Any
 
-from teola_langchain.parsers import LineListOutputParser
+from teola_langchain.components.parsers import LineListOutputParser
 from teola_langchain.runnable import TeolaRunnable
 from teola_langchain.runnable import optimize as optimize_chain
-from teola_langchain.session import OpaqueStepWarning
-from teola_langchain.traced import TracedChain
-from teola_langchain.tracer import trace
+from teola_langchain.tracing.session import OpaqueStepWarning
+from teola_langchain.tracing.traced import TracedChain
+from teola_langchain.tracing.tracer import trace
 
 
 def optimize(runnable: Any, **options: Any) -> Any:

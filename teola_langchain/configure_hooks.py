@@ -2,7 +2,7 @@
 
 Every callback manager LangChain configures while such a variable holds a handler gets
 that handler (non-inheritable: no step finds it in its config's callbacks). Teola watches
-an optimized chain's call this way (`learning.py`: its `Observer`) and an optimized
+an optimized chain's call this way (`planning/learning.py`: its `Observer`) and an optimized
 graph's run (`program_order/gate.py`: its `RunGate`), without touching the user's objects.
 
     OBSERVER: ContextVar[Observer | None] = ContextVar("observer", default=None)

@@ -62,12 +62,12 @@ from teola_core.engines.protocol import (
     StreamResult,
 )
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
-from teola_langchain import runs
-from teola_langchain.context import QueryContext
-from teola_langchain.parsers import ParserItems
+from teola_langchain.components.parsers import ParserItems
+from teola_langchain.components.retrievers import batchable_embeddings, follows_mode
+from teola_langchain.execution import runs
+from teola_langchain.execution.context import QueryContext
+from teola_langchain.execution.steps import ModelStep
 from teola_langchain.prefix_warmup import openai_compatible, render, warmer_for
-from teola_langchain.retrievers import batchable_embeddings, follows_mode
-from teola_langchain.steps import ModelStep
 
 
 class LangChainLLMEngine(OpaqueModelEngine):

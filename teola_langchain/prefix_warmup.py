@@ -40,8 +40,8 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, get_buffer_string
 
 from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine, WarmupPrompt
-from teola_langchain.models import is_binding
-from teola_langchain.prompts import PromptPrefix
+from teola_langchain.components.models import is_binding
+from teola_langchain.components.prompts import PromptPrefix
 
 log = logging.getLogger("teola.langchain")
 

@@ -6,15 +6,15 @@
     await fast.abatch(questions, {"max_concurrency": 8})
     print(fast.explain())                     # the plan: graphs, passes, engines
 
-What runs: the traced graph (`tracer.py`) on the runtime backend, every step through its
+What runs: the traced graph (`tracing/tracer.py`) on the runtime backend, every step through its
 own method with the config LangChain would give it, every composite's callback run
 opened and closed as LangChain's code does — so results, errors, callbacks and traces
 are the chain's own. A chain with no model, embedding or search in it (nothing Teola's
-engines could schedule) simply runs as LangChain runs it (`plans.py`). `stream`,
+engines could schedule) simply runs as LangChain runs it (`planning/plans.py`). `stream`,
 `astream`, `transform`, `astream_events` and `astream_log` run through LangChain's own
 streaming of the chain, so every chunk and event is LangChain's. `batch`/`abatch` run
 every input as a concurrent query on one runtime, with LangChain's batch contract
-(`batch_calls.py`).
+(`execution/batch_calls.py`).
 
 Sync methods run the graph on an event loop the runnable owns in a daemon thread (one
 per runnable, started on first use; `close()` stops it), and the steps' sync methods in
@@ -22,7 +22,7 @@ worker threads, as LangChain's sync path runs them; async methods run on the cal
 loop. There is no global state.
 
 Plans learn from every call, and the chain moves to a new plan when what it learned
-changes one (`replanning.py`). With `profiles="app.json"` what was learned is read at
+changes one (`planning/replanning.py`). With `profiles="app.json"` what was learned is read at
 start and written at each new plan (and `save_profiles()`).
 """
 
@@ -47,21 +47,21 @@ from teola_core.profiles.learning import LatencyBook
 from teola_core.profiles.profile import LatencyProfile
 from teola_core.runtime.backends import BACKENDS, DEFAULT_BACKEND
 from teola_core.runtime.base import RuntimeHook
-from teola_langchain.batch_calls import abatch_results, aopen_roots, batch_results, open_roots, run_queries
-from teola_langchain.classes import class_of
+from teola_langchain.components.classes import class_of
+from teola_langchain.components.patched import runs_own_code
 from teola_langchain.configure_hooks import holding
-from teola_langchain.context import QueryContext, now_on
 from teola_langchain.engines import EngineChoices, EngineOption, EngineRegistry
-from teola_langchain.explain import explain_plan
-from teola_langchain.learning import SpanLearner
-from teola_langchain.patched import runs_own_code
-from teola_langchain.plans import Plan, Planner
+from teola_langchain.execution.batch_calls import abatch_results, aopen_roots, batch_results, open_roots, run_queries
+from teola_langchain.execution.context import QueryContext, now_on
+from teola_langchain.execution.steps import run_graph
+from teola_langchain.planning.explain import explain_plan
+from teola_langchain.planning.learning import SpanLearner
+from teola_langchain.planning.plans import Plan, Planner
+from teola_langchain.planning.replanning import LEARN_AFTER, Replanner
 from teola_langchain.program_order.gate import CURRENT_GATE, RunCalls, gated_chunks
 from teola_langchain.program_order.runs import ProgramRuns
-from teola_langchain.replanning import LEARN_AFTER, Replanner
 from teola_langchain.same_structure import SameStructure
-from teola_langchain.steps import run_graph
-from teola_langchain.traced import TracedChain
+from teola_langchain.tracing.traced import TracedChain
 
 
 class TeolaRunnable(DropIn, SameStructure, Runnable[Input, Output]):
@@ -129,7 +129,7 @@ class TeolaRunnable(DropIn, SameStructure, Runnable[Input, Output]):
         self.policy = policy
         learn_after = 0 if learn is False else LEARN_AFTER if learn is True else int(learn)
         self.profiles_path = Path(profiles) if isinstance(profiles, (str, Path)) else None
-        self.learned = LatencyBook()  # what the calls teach (`learning.py`), shared with the replanner
+        self.learned = LatencyBook()  # what the calls teach (`planning/learning.py`), shared with the replanner
         if self.profiles_path is not None and self.profiles_path.exists():
             self.learned = LatencyBook.load(self.profiles_path)
         choices = EngineChoices(engines)

@@ -30,10 +30,11 @@ from llama_index.core.workflow import Context, StopEvent
 
 from teola_core.agents import AgentDropIn, AgentFeatures, Program
 from teola_core.engines.opaque_llm import OpaqueModelEngine
-from teola_core.engines.protocol import Call
+from teola_core.engines.protocol import Call, EngineLimits, LoadWatch
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_llamaindex.common import unwrap_error
+from teola_llamaindex.prefix_warmup import load_watch_for
 
 DEFAULT_MAX_TOKENS = 256
 """Recorded on a model call's decode node when the LLM states no output length (the
@@ -59,10 +60,18 @@ class AgentCall:
 
 
 class AgentModelEngine(OpaqueModelEngine):
-    """The agent's LLM as an engine: a decode awaits the agent's own call (`AgentCall`)."""
+    """The agent's LLM as an engine: a decode awaits the agent's own call (`AgentCall`).
 
-    def __init__(self, name: str) -> None:
+    load_watch: for an LLM on a vLLM-like server (`prefix_warmup.load_watch_for`), the
+    calls in flight follow what the server runs at once, the rest wait here in program
+    priority order (the agent runtime's rule).
+    """
+
+    limits = EngineLimits(concurrency=64, max_batch_items=1)  # a batch is one request to the model
+
+    def __init__(self, name: str, load_watch: LoadWatch | None = None) -> None:
         self.name = name
+        self.load_watch = load_watch
 
     async def generate(self, call: Call, prompt: Any) -> Any:
         if not isinstance(prompt, AgentCall):
@@ -148,7 +157,9 @@ class TeolaAgent(AgentDropIn):
         super().__init__(agent.name, features, priority_rule)
         self.original = agent
         self.idempotent_tools = idempotent
-        self.engine = self.engines.engine_for(agent.llm, "llm", AgentModelEngine)
+        self.engine = self.engines.engine_for(
+            agent.llm, "llm", lambda name: AgentModelEngine(name, load_watch_for(agent.llm))
+        )
         self.place_engines(self.engines, backend=backend, ray=ray)
         num_output = agent.llm.metadata.num_output
         self.max_tokens = num_output if num_output > 0 else DEFAULT_MAX_TOKENS

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 from llama_index.core.llms import LLM
 
-from teola_adapters.server_load import root_of
+from teola_adapters.server_load import ServerLoadWatch, root_of
 from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine, WarmupPrompt
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
@@ -44,14 +44,30 @@ def openai_client_class(llm: Any) -> type | None:
     return None
 
 
+def server_root(llm: Any) -> str | None:
+    """The root URL of the OpenAI-compatible server an `OpenAILike` / `OpenAI` client talks
+    to (`http://host:8000`), or None: another LLM class, or OpenAI's own API."""
+    if openai_client_class(llm) is None:
+        return None
+    host = urlparse(str(llm.api_base or "")).hostname or ""
+    return None if not host or host in _NO_WARMUP_HOSTS else root_of(str(llm.api_base))
+
+
+def load_watch_for(llm: Any) -> ServerLoadWatch | None:
+    """The load watch of an engine calling `llm` (`teola_adapters.server_load`): on a
+    vLLM-like server its calls are held in Teola, earliest program first, once the server
+    queues; on any other server, or another LLM, none (calls go at once)."""
+    root = server_root(llm)
+    return None if root is None else ServerLoadWatch(root)
+
+
 def why_no_warmup(llm: Any) -> str | None:
     """Why a partial prefill cannot warm this LLM's server (see the module docstring), or None."""
     if openai_client_class(llm) is None:
         return f"{type(llm).__name__} is not OpenAILike or OpenAI"
     if llm.metadata.is_chat_model:
         return "a chat model (the server applies its chat template)"
-    host = urlparse(str(llm.api_base or "")).hostname or ""
-    if not host or host in _NO_WARMUP_HOSTS:
+    if server_root(llm) is None:
         return f"api_base {llm.api_base!r} is no OpenAI-compatible vLLM server"
     return None
 

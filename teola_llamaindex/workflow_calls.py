@@ -30,6 +30,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from pydantic import PrivateAttr
 
 from teola_llamaindex.engines import LlamaIndexRetrieverEngine, needs_embedding
+from teola_llamaindex.prefix_warmup import load_watch_for
 from teola_llamaindex.vector_retrieval import decomposable
 from teola_llamaindex.workflow_engines import (
     EmbedRequest,
@@ -57,7 +58,7 @@ class TeolaWorkflowLLM(LLM):
         super().__init__(**_base_fields(inner, LLM))
         self._inner = inner
         self._router = router
-        self._engine = router.register(inner, "llm", WorkflowLLMEngine)
+        self._engine = router.register(inner, "llm", lambda name: WorkflowLLMEngine(name, load_watch_for(inner)))
 
     @classmethod
     def class_name(cls) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, PerCallEngine
+from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits, LoadWatch, PerCallEngine
 from teola_core.ir.kinds import PrimitiveKind
 
 
@@ -35,14 +35,20 @@ class EmbedRequest:
 
 
 class WorkflowLLMEngine(PerCallEngine):
-    """A workflow's LLM: each DECODE call awaits the step's own call on the wrapped LLM."""
+    """A workflow's LLM: each DECODE call awaits the step's own call on the wrapped LLM.
+
+    load_watch: for an LLM on a vLLM-like server (`prefix_warmup.load_watch_for`), the
+    calls in flight follow what the server runs at once, the rest wait here, earliest
+    run first.
+    """
 
     kinds = frozenset({PrimitiveKind.DECODE})
-    limits = EngineLimits(concurrency=64)
+    limits = EngineLimits(concurrency=64, max_batch_items=1)  # a batch is one request to the model
     driver_only = True  # it awaits the step's own call
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, load_watch: LoadWatch | None = None) -> None:
         self.name = name
+        self.load_watch = load_watch
 
     async def run_call(self, call: Call) -> dict[str, Any]:
         return {"text": await call.inputs["kv"].run()}

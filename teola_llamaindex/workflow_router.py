@@ -2,8 +2,10 @@
 
 `CallRouter` runs every call on the workflow drop-in's runtime of the running event loop,
 shared by every run of the workflow, so concurrent runs' calls meet in the same engine
-schedulers; a call's depth is its step's (`workflows.step_depths`), its graph nodes'
-`depth_cost` (`node_depth`), by which the runtime's graph scheduler orders them.
+schedulers. A call arrives when its run began, so where calls wait (an engine at its
+concurrency, an LLM whose vLLM-like server is full) the earliest run's go first; a call's
+depth is its step's (`workflows.step_depths`), its graph nodes' `depth_cost`
+(`node_depth`), by which the runtime's graph scheduler orders them.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class CallRouter:
         self.depths = depths
         self.max_depth = max(depths.values(), default=1)
         self.run_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("teola_workflow_run", default=None)
+        # when the run began (the runtimes' clock, monotonic): its calls' arrival, so the
+        # engine schedulers serve earlier runs' calls first (program-level order)
+        self.run_started: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+            "teola_workflow_started", default=None
+        )
         self._graphs: dict[tuple[str, ...], Graph] = {}
         self._ids = itertools.count()
 
@@ -107,7 +114,7 @@ class CallRouter:
         if self.runtimes is None:
             raise RuntimeError("a workflow call was made before the drop-in placed its engines")
         try:
-            out = await self.runtimes.current().run(graph, inputs, query_id=qid)
+            out = await self.runtimes.current().run(graph, inputs, query_id=qid, arrival=self.run_started.get())
         except PrimitiveError as exc:
             error = unwrap_error(exc, {})
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +97,13 @@ class TeolaWorkflow(DropIn):
         return self._router.engines
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """`Workflow.run`: the same handler; its steps' proxied calls carry this run's key."""
+        """`Workflow.run`: the same handler; its steps' proxied calls carry this run's key and start."""
         token = self._router.run_key.set(f"run{next(self._runs)}")
+        started = self._router.run_started.set(time.monotonic())  # the runtimes' clock
         try:
             return self.workflow.run(*args, **kwargs)
         finally:
+            self._router.run_started.reset(started)
             self._router.run_key.reset(token)
 
     def plan_sections(self, png_dir: str | Path | None = None) -> list[str]:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import tomllib
+from pathlib import Path
 
 import pytest
 from project_packages import PACKAGES
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _not_walked(name: str) -> None:
@@ -36,3 +40,15 @@ def test_module_imports(name: str) -> None:
         if not lacking or lacking.split(".")[0] in PACKAGES:
             raise  # one of ours: a name that moved or a module that is gone
         pytest.skip(f"{name} needs {lacking} as installed here does not have it: {exc}")
+
+
+def test_every_package_folder_ships() -> None:
+    """pyproject lists packages one by one: a folder left out is missing from a plain install."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for init in (ROOT / package).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"

@@ -17,7 +17,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from teola_langchain.parsers import LineListOutputParser
+from teola_langchain.components.parsers import LineListOutputParser
 
 EXPAND_SYSTEM = (
     "You rewrite a user's question about the Python standard library into exactly three short search "

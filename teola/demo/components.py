@@ -38,7 +38,7 @@ from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import Node
 from teola_core.ir.types import PortType
-from teola_langchain.prompts import PromptPrefix
+from teola_langchain.components.prompts import PromptPrefix
 
 OnCall = Callable[[str, float, float], None]  # (kind, began, ended), time.perf_counter seconds
 

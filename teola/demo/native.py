@@ -29,9 +29,9 @@ from teola_adapters._llm import LLM_KINDS
 from teola_core.engines.choices import Chooser
 from teola_core.engines.protocol import Call, CallResult, Engine
 from teola_core.ir.kinds import PrimitiveKind
-from teola_langchain import retrievers
+from teola_langchain.components import retrievers
+from teola_langchain.components.prompts import PromptPrefix
 from teola_langchain.engines import LangChainLLMEngine
-from teola_langchain.prompts import PromptPrefix
 from teola_langchain.runnable import TeolaRunnable
 
 

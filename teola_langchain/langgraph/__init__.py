@@ -20,8 +20,8 @@ AGENT_ONLY_OPTIONS = frozenset({"idempotent_tools", "features", "priority_rule",
 
 def optimize(graph: Any, **options: Any) -> Any:
     """`teola.optimize` for LangGraph objects (see the module docstring)."""
-    from teola_langchain.agent_graph import teola_middlewares
     from teola_langchain.agents import optimize_agent
+    from teola_langchain.agents.graph import teola_middlewares
 
     if teola_middlewares(graph):
         return optimize_agent(graph, **options)

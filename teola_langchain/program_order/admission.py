@@ -40,7 +40,7 @@ from teola_core.ir.kinds import PortSpec, PrimitiveKind
 from teola_core.ir.types import KVHandle, PortType
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
-from teola_langchain.agent_engine import AgentModelEngine
+from teola_langchain.agents.engine import AgentModelEngine
 
 UNBOUNDED = sys.maxsize
 AUTO = "auto"

@@ -14,7 +14,7 @@ from langchain_core.runnables.passthrough import RunnableAssign
 from routing import flush, route, set_current_test
 
 import teola
-import teola_langchain.patched  # noqa: F401 - records LangChain's own methods before they are routed
+import teola_langchain.components.patched  # noqa: F401 - records LangChain's own methods before they are routed
 
 CLASSES = (RunnableSequence, RunnableParallel, RunnableAssign, RunnableBranch)
 METHODS = ("invoke", "ainvoke", "batch", "abatch", "stream", "astream", "astream_events", "astream_log")

@@ -68,7 +68,7 @@ def route(classes: Iterable[type], methods: Iterable[str], optimize: Callable[[A
             original = getattr(cls, name, None)
             if original is not None:
                 wrapper = _wrap(cls.__name__, name, original, optimize)
-                wrapper.__teola_transparent__ = original  # see teola_langchain.patched
+                wrapper.__teola_transparent__ = original  # see teola_langchain.components.patched
                 setattr(cls, name, wrapper)
 
 

@@ -46,7 +46,7 @@ def test_a_chat_prefix_renders_as_a_text_prefix_of_the_prompt() -> None:
     from langchain_core.prompts import ChatPromptTemplate
 
     from teola.demo.components import render_chat, render_chat_prefix
-    from teola_langchain.prompts import describe, render_prefix
+    from teola_langchain.components.prompts import describe, render_prefix
 
     prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "Q: {question}\nC: {context}")])
     values = {"question": "why?", "context": "because"}

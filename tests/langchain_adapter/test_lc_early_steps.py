@@ -1,5 +1,5 @@
 """Dependency pruning in sequences: a step starts when the keys it reads are ready, and the finished
-trace is LangChain's (`teola_langchain/early_steps.py`)."""
+trace is LangChain's (`teola_langchain/tracing/early_steps.py`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from langchain_core.tracers.langchain import LangChainTracer
 from lc_fakes import EchoChat, assert_equivalent, format_docs, make_store, outcome
 
 from teola_langchain import optimize
-from teola_langchain.reads import reads
+from teola_langchain.components.reads import reads
 
 STORE = make_store()
 PARSE = StrOutputParser()

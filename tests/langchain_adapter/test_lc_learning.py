@@ -26,9 +26,9 @@ from teola_core.profiles.learning import LatencyBook
 from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_core.runtime.timeline import SpanRecorder
 from teola_langchain import optimize
-from teola_langchain.learning import Observer, observing
-from teola_langchain.parsers import LineListOutputParser
-from teola_langchain.slices import SlicedItems, list_slice
+from teola_langchain.components.parsers import LineListOutputParser
+from teola_langchain.components.slices import SlicedItems, list_slice
+from teola_langchain.planning.learning import Observer, observing
 
 STORE = make_store()
 PROMPT = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "Q: {question}\nC: {context}")])

@@ -19,10 +19,10 @@ from lc_fakes import EchoChat, assert_equivalent, format_docs, make_store
 
 import teola
 from teola_core.ir.kinds import PrimitiveKind
-from teola_langchain import classes
-from teola_langchain.parsers import LineListOutputParser as TeolaLineList
-from teola_langchain.parsers import ParserItems
-from teola_langchain.session import OpaqueStepWarning
+from teola_langchain.components import classes
+from teola_langchain.components.parsers import LineListOutputParser as TeolaLineList
+from teola_langchain.components.parsers import ParserItems
+from teola_langchain.tracing.session import OpaqueStepWarning
 
 STORE = make_store()
 QUESTIONS = ["what do cats like", "how do rivers form", "why jazz"]

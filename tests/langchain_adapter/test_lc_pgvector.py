@@ -29,7 +29,7 @@ from langchain_postgres.vectorstores import DistanceStrategy  # noqa: E402
 
 import teola  # noqa: E402
 from teola_adapters.pgvector.location import sqlalchemy_url  # noqa: E402
-from teola_langchain import retrievers  # noqa: E402
+from teola_langchain.components import retrievers  # noqa: E402
 from teola_langchain.engines import LangChainVectorStoreEngine  # noqa: E402
 
 TOPICS = ["cats", "dogs", "rivers", "mountains", "jazz", "chess"]

@@ -206,7 +206,7 @@ def test_a_warm_up_is_sent_not_waited_for(servers) -> None:
     from langchain_core.messages import SystemMessage
 
     from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine
-    from teola_langchain.prompts import PromptPrefix
+    from teola_langchain.components.prompts import PromptPrefix
 
     class HeldWarmUps(VLLMHTTPEngine):
         """The real engine, whose warm-ups go out only when the test says so."""

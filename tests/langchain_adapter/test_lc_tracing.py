@@ -24,7 +24,7 @@ from teola_core.ir.kinds import MergeMode, PrimitiveKind
 from teola_core.ir.prompt import PromptPlan
 from teola_core.profiles.profile import Curve, LatencyProfile
 from teola_langchain import OpaqueStepWarning, TeolaRunnable, optimize
-from teola_langchain.parsers import ParserItems
+from teola_langchain.components.parsers import ParserItems
 
 K = PrimitiveKind
 STORE = make_store()

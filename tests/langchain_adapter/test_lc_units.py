@@ -27,11 +27,11 @@ from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import Node
 from teola_core.ir.types import KVHandle
 from teola_langchain import LineListOutputParser
-from teola_langchain.context import QueryContext, StepRef
+from teola_langchain.components.parsers import ParserItems
+from teola_langchain.components.prompts import PromptPrefix, describe, render_prompt
 from teola_langchain.engines import LangChainLLMEngine
-from teola_langchain.parsers import ParserItems
-from teola_langchain.prompts import PromptPrefix, describe, render_prompt
-from teola_langchain.steps import ModelStep
+from teola_langchain.execution.context import QueryContext, StepRef
+from teola_langchain.execution.steps import ModelStep
 
 PARSERS = [
     NumberedListOutputParser(),

@@ -38,8 +38,8 @@ def test_langgraph_bench_open_loop(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_max_num_seqs_is_checked() -> None:
-    with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph and --langchain EXAMPLE"):
-        main(["bench", "--llamaindex", "fusion_rag", "--max-num-seqs", "2"])
+    with pytest.raises(SystemExit, match="--max-num-seqs is for --langgraph, --langchain EXAMPLE and --llamaindex"):
+        main(["bench", "--langchain", "all", "--max-num-seqs", "2"])
     with pytest.raises(SystemExit, match="--max-num-seqs must be >= 1"):
         main(["bench", "--langgraph", "rag", "--max-num-seqs", "0"])
 
