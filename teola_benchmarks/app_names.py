@@ -15,8 +15,10 @@ LANGCHAIN_EXAMPLES = (
     "checked_rag",
 )
 # `--llamaindex`: QueryPipelines (`teola_benchmarks.llamaindex.examples`, llama-index-core
-# <= 0.12) and query engines (`...llamaindex.query_engines`, both lines).
-LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine")
+# <= 0.12), query engines (`...llamaindex.query_engines`, both lines) and workflows
+# (`...llamaindex.workflows`, 0.14).
+LLAMAINDEX_WORKFLOWS = ("drafts_workflow",)
+LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine", *LLAMAINDEX_WORKFLOWS)
 # `--langgraph` (`teola_examples.langgraph_<name>`).
 LANGGRAPH_EXAMPLES = ("rag", "map_reduce")
 

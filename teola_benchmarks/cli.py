@@ -105,7 +105,8 @@ def add_bench_command(commands: Any) -> None:
         metavar="EXAMPLE",
         help=f"an example LlamaIndex app, its own execution vs teola.optimize, on simulated "
         f"OpenAI-compatible servers ({', '.join(LLAMAINDEX_EXAMPLES)}; the QueryPipelines need "
-        f"llama-index-core <= 0.12, fusion_query_engine runs on 0.12 and 0.14)",
+        f"llama-index-core <= 0.12, fusion_query_engine runs on 0.12 and 0.14, drafts_workflow (a Workflow) "
+        f"needs 0.14 and llama-index-llms-openai-like)",
     )
     p.add_argument(
         "--langgraph",
@@ -119,7 +120,7 @@ def add_bench_command(commands: Any) -> None:
         "--max-num-seqs",
         type=int,
         default=None,
-        help="--langgraph, --langchain EXAMPLE: the LLM server runs at most this many requests at once "
+        help="--langgraph, --langchain EXAMPLE, --llamaindex: the LLM server runs at most this many requests at once "
         "(vLLM's option); Teola learns it from the server's /metrics",
     )
     p.add_argument(
@@ -191,8 +192,10 @@ def bench_command(args: argparse.Namespace) -> int:
         return run_call_overhead(args)
     if sum(map(bool, (args.langchain, args.llamaindex, args.langgraph, args.agents))) > 1:
         raise SystemExit("teola bench: --langchain, --llamaindex, --langgraph and --agents are exclusive")
-    if args.max_num_seqs is not None and not (args.langgraph or (args.langchain and args.langchain != "all")):
-        raise SystemExit("teola bench: --max-num-seqs is for --langgraph and --langchain EXAMPLE")
+    if args.max_num_seqs is not None and not (
+        args.langgraph or args.llamaindex or (args.langchain and args.langchain != "all")
+    ):
+        raise SystemExit("teola bench: --max-num-seqs is for --langgraph, --langchain EXAMPLE and --llamaindex")
     not_a_workload_run = args.langchain or args.llamaindex or args.langgraph or args.agents or args.overhead
     if args.seeds and not_a_workload_run:
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")

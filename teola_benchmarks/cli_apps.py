@@ -98,15 +98,19 @@ def _report_app(args: argparse.Namespace, result: FrameworkBenchResult, title: s
 
 
 def run_llamaindex_bench(args: argparse.Namespace) -> int:
-    """`--llamaindex EXAMPLE`: needs openai, fastapi and uvicorn (QueryPipelines: llama-index-core <= 0.12)."""
+    """`--llamaindex EXAMPLE`: needs openai, fastapi and uvicorn (QueryPipelines: llama-index-core <= 0.12;
+    workflows: 0.14 and llama-index-llms-openai-like)."""
     from teola_benchmarks.llamaindex.bench import bench_llamaindex
 
     if args.overhead:
         raise SystemExit("teola bench: --overhead is not available with --llamaindex")
     time_scale = _app_time_scale(args)
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise SystemExit("teola bench: --max-num-seqs must be >= 1")
     with working(f"{args.llamaindex}: LlamaIndex vs teola.optimize on simulated servers"):
-        result = bench_llamaindex(args.llamaindex, **_app_options(args, time_scale))
-    return _report_app(args, result, f"{result.example} (LlamaIndex)")
+        result = bench_llamaindex(args.llamaindex, max_num_seqs=args.max_num_seqs, **_app_options(args, time_scale))
+    bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
+    return _report_app(args, result, f"{result.example} (LlamaIndex{bound})")
 
 
 def run_langgraph_bench(args: argparse.Namespace) -> int:

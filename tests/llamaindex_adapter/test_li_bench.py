@@ -66,10 +66,10 @@ def test_bench_fusion_rag_answers_agree_with_the_generation_streamed() -> None:
     assert out["server"]["requests"]["completions"] == 2 * (2 + 3) * 2
 
 
-def test_the_cli_lists_exactly_the_example_pipelines_and_query_engines() -> None:
-    from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES
+def test_the_cli_lists_exactly_the_example_pipelines_query_engines_and_workflows() -> None:
+    from teola_benchmarks.app_names import LLAMAINDEX_EXAMPLES, LLAMAINDEX_WORKFLOWS
     from teola_benchmarks.llamaindex.examples import EXAMPLES
     from teola_benchmarks.llamaindex.query_engines import QUERY_ENGINES
 
-    assert set(LLAMAINDEX_EXAMPLES) == set(EXAMPLES) | set(QUERY_ENGINES)
-    assert not set(EXAMPLES) & set(QUERY_ENGINES)
+    assert set(LLAMAINDEX_EXAMPLES) == set(EXAMPLES) | set(QUERY_ENGINES) | set(LLAMAINDEX_WORKFLOWS)
+    assert len(LLAMAINDEX_EXAMPLES) == len(EXAMPLES) + len(QUERY_ENGINES) + len(LLAMAINDEX_WORKFLOWS)
