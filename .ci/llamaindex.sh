@@ -4,7 +4,7 @@
 # --llamaindex`) and 0.14.x (query engines, Workflows), each with the OpenAILike client
 # release of its line (the prefix warm-up tests). Fails if pytest fails, or if a
 # line ran fewer tests than it must (so a suite that silently stopped being collected
-# fails CI). The 0.14 line also installs Ray and runs the query engine on the Ray backend
+# fails CI). Both lines also install Ray and run their drop-ins on the Ray backend
 # (tests/ray_backend/test_ray_llamaindex.py, a two-node loopback cluster). Then, per line, LlamaIndex's own tests of that release plain and routed
 # through `teola.optimize` (tests/conformance/run.py; about a minute a line): fails on
 # any regression or differing result not listed in known_differences.py, skips (saying
@@ -54,6 +54,6 @@ PY
     --workdir "$BASE/conformance-$name")
 }
 
-run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 225 85 80
+run_line li012 "llama-index-core==0.12.52.post1" "llama-index-llms-openai-like>=0.4,<0.5" 225 85 80 ray
 run_line li014 "llama-index-core>=0.14,<0.15" "llama-index-llms-openai-like>=0.8,<0.9" 143 0 50 ray
 echo "== llamaindex: both lines passed"

@@ -1,4 +1,5 @@
-"""LlamaIndex query engines on `backend="ray"` (llama-index-core 0.14): the same answers as plain.
+"""LlamaIndex drop-ins on `backend="ray"` (query engines and QueryPipelines on 0.12, query
+engines, workflows and agents on 0.14): the same answers as plain.
 
 The engines over the app's own LlamaIndex objects stay in the driver (`driver_only`: they
 call them in each query's context); a Teola engine given with `engines=` runs in a Ray
@@ -16,6 +17,7 @@ import pytest
 pytest.importorskip("llama_index.core", reason="the LlamaIndex drop-ins on Ray need llama-index-core")
 ray = pytest.importorskip("ray")
 
+from llama_index.core import __version__ as llama_index_version  # noqa: E402
 from llamaindex_adapter.li_fakes import make_index, make_llm  # noqa: E402
 from ray_li_engines import IndexSearch  # noqa: E402
 
@@ -36,6 +38,7 @@ def by_value(ray_cluster: Any) -> None:
 
 
 INDEX = make_index()
+LI_VERSION = tuple(int(p) for p in llama_index_version.split(".")[:2])
 
 
 def query_engine() -> Any:
@@ -100,6 +103,7 @@ def test_options_are_checked_against_what_was_traced() -> None:
         teola.optimize(engine, backend="ray", rays={})
 
 
+@pytest.mark.skipif(LI_VERSION < (0, 13), reason="Workflows are tested on the 0.14 line")
 def test_a_workflow_and_an_agent_answer_on_ray_as_plain(ray_cluster: Any) -> None:
     """`backend="ray"` on the workflow and agent drop-ins (the drop-in kit's one runtime
     factory): their graphs run on a Ray runtime, the app's models stay in the driver."""
@@ -138,3 +142,32 @@ def test_a_workflow_and_an_agent_answer_on_ray_as_plain(ray_cluster: Any) -> Non
             assert set(fast.where().values()) == {"driver"}
         finally:
             fast.close()
+
+
+def test_a_query_pipeline_answers_on_ray_as_plain(ray_cluster: Any) -> None:
+    """The QueryPipeline row of the drop-in family on `backend="ray"` (llama-index-core 0.12)."""
+    pipelines = pytest.importorskip("llama_index.core.query_pipeline", reason="QueryPipeline exists up to 0.12")
+    from llama_index.core import PromptTemplate
+
+    pipeline = pipelines.QueryPipeline()
+    pipeline.add_modules(
+        {
+            "input": pipelines.InputComponent(),
+            "retriever": INDEX.as_retriever(similarity_top_k=2),
+            "join": pipelines.FnComponent(fn=lambda nodes: "\n".join(n.get_content() for n in nodes)),
+            "prompt": PromptTemplate("Context:\n{context}\nQuestion: {q}\nAnswer:"),
+            "llm": make_llm(max_tokens=None),
+        }
+    )
+    pipeline.add_link("input", "retriever")
+    pipeline.add_link("retriever", "join")
+    pipeline.add_link("join", "prompt", dest_key="context")
+    pipeline.add_link("input", "prompt", dest_key="q")
+    pipeline.add_link("prompt", "llm")
+    fast = teola.optimize(pipeline, backend="ray", warn=False)
+    try:
+        expected = [str(pipeline.run(input=q)) for q in QUESTIONS[:4]]
+        assert [str(fast.run(input=q)) for q in QUESTIONS[:4]] == expected
+        assert set(fast.where().values()) == {"driver"}  # the app's own components stay there
+    finally:
+        fast.close()
