@@ -105,6 +105,38 @@ class ServerLoadWatch:
         self.attached.add(calls)
 
 
+class ServerFoundLater:
+    """A load watch for an engine whose server is known only from its first call (an
+    agent's model, which the compiled agent holds out of reach): runtimes attach as usual,
+    and `found(root_url)` starts a `ServerLoadWatch` on each of them (the first server
+    found is the one watched; calls before it go at once, as before any reading)."""
+
+    def __init__(self) -> None:
+        self.watch: ServerLoadWatch | None = None
+        self._waiting: list[tuple[weakref.ref[EngineControls], str]] = []
+
+    @property
+    def attached(self) -> list[ServerCalls]:
+        """As `ServerLoadWatch.attached` (none before the server is found)."""
+        return [] if self.watch is None else list(self.watch.attached)
+
+    def attach(self, runtime: EngineControls, engine: str) -> None:
+        if self.watch is not None:
+            self.watch.attach(runtime, engine)
+        else:
+            self._waiting.append((weakref.ref(runtime), engine))
+
+    def found(self, root_url: str) -> None:
+        if self.watch is not None:
+            return
+        self.watch = ServerLoadWatch(root_url)
+        waiting, self._waiting = self._waiting, []
+        for ref, engine in waiting:
+            runtime = ref()
+            if runtime is not None:
+                self.watch.attach(runtime, engine)
+
+
 class ServerCalls:
     """One server's model calls on one event loop: in flight, held, and the learned limit.
 

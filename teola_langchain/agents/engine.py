@@ -2,7 +2,9 @@
 
 Its calls are the agent's own model calls (the middleware `handler`). The agent's model
 is opaque to Teola (a framework object, no `KVRetention`), so KV holds do not apply to
-it; priority applies once `model_concurrency` calls are running.
+it; priority applies once `model_concurrency` calls are running, or, for a langchain-openai
+model on a vLLM-like server, once the server runs what it can (`load_watch`: the server is
+found at the first call, `teola_adapters.server_load.ServerFoundLater`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 
 from langchain.agents.middleware import ModelRequest
 
+from teola_adapters.server_load import ServerFoundLater, root_of
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits
+from teola_langchain.prefix_warmup import openai_compatible
 
 
 @dataclass(frozen=True)
@@ -33,15 +37,19 @@ class AgentModelEngine(OpaqueModelEngine):
     beyond which the scheduler picks by program priority.
     """
 
-    def __init__(self, name: str, concurrency: int) -> None:
+    def __init__(self, name: str, concurrency: int, load_watch: ServerFoundLater | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"model_concurrency must be at least 1 (got {concurrency})")
         self.name = name
         self.limits = EngineLimits(concurrency=concurrency, max_batch_items=1)
+        self.load_watch = load_watch
 
     async def generate(self, call: Call, prompt: Any) -> Any:
         if not isinstance(prompt, AgentModelCall):
             raise TypeError(f"{self.name} runs agent model calls, not {type(prompt).__name__}")
+        watch = self.load_watch
+        if watch is not None and watch.watch is None and openai_compatible(model := prompt.request.model):
+            watch.found(root_of(str(model.openai_api_base)))  # type: ignore[attr-defined]
         return await prompt.run()
 
 

@@ -26,6 +26,7 @@ from langchain.agents.middleware import SummarizationMiddleware
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import var_child_runnable_config
 
+from teola_adapters.server_load import ServerFoundLater
 from teola_core.agents import AgentDropIn, AgentFeatures, Program
 from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_langchain.agents.engine import AgentModelEngine
@@ -34,6 +35,8 @@ from teola_langchain.agents.middleware import TeolaMiddleware
 from teola_langchain.agents.run import AgentRun, run_in
 from teola_langchain.agents.summarization import find_summarization, install_hooks
 from teola_langchain.same_structure import SameStructure
+
+AUTO_START = 64  # model calls at once before (or without) a server to learn from
 
 
 class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
@@ -46,7 +49,9 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
         features: which agent-runtime optimizations apply (`AgentFeatures`, all by default).
         priority_rule: "fcfs" (program start) or "plas" (least model time first).
         model_concurrency: model calls running at once; beyond it calls wait in
-            program-priority order (default 64).
+            program-priority order. "auto" (the default): 64, and for a langchain-openai
+            model on a vLLM-like server what the server runs at once, learned from its
+            `/metrics` from the first call on (as for LangGraph graphs).
         on_program: called with each run's `Program` when the run ends (stats, steps).
         backend, ray: where the runs' graphs run (`teola.optimize`'s options for chains); the
             agent's model stays in the driver, where the middleware calls it.
@@ -59,7 +64,7 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
         idempotent_tools: Mapping[str, str] | Iterable[str] | None = None,
         features: AgentFeatures | None = None,
         priority_rule: Literal["fcfs", "plas"] = "fcfs",
-        model_concurrency: int = 64,
+        model_concurrency: int | Literal["auto"] = "auto",
         on_program: Callable[[Program], None] | None = None,
         backend: str = DEFAULT_BACKEND,
         ray: Any = None,
@@ -75,7 +80,11 @@ class OptimizedAgent(AgentDropIn, SameStructure, Runnable[Any, Any]):
             install_hooks(self.summarization, _summary_run)
         self.on_program = on_program
         self.engine_name = f"llm:{self.name}"
-        self.engines.add(AgentModelEngine(self.engine_name, model_concurrency))
+        if model_concurrency == "auto":
+            engine = AgentModelEngine(self.engine_name, AUTO_START, ServerFoundLater())
+        else:
+            engine = AgentModelEngine(self.engine_name, model_concurrency)
+        self.engines.add(engine)
         self.place_engines(self.engines, backend=backend, ray=ray)
         self.start_sync_thread(f"teola-agent:{self.name}")
         self._sync_loop: asyncio.AbstractEventLoop | None = None

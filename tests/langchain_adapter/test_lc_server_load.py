@@ -84,3 +84,39 @@ def test_a_server_without_vllms_gauges_is_read_once_and_never_held(execution: st
     assert optimized == plain
     (calls,) = on_graph or as_written
     assert calls.vllm is False and calls.held_total == 0 and calls.limit.readings == 0
+
+
+def test_an_agent_with_the_middleware_learns_its_models_server_at_the_first_call() -> None:
+    """`create_agent` with `TeolaMiddleware`: the compiled agent holds its model out of reach,
+    so the server is found at the first model call; from then on calls beyond what the
+    server runs wait in Teola, in program order."""
+    from langchain.agents import create_agent
+
+    from teola_langchain.agents import OptimizedAgent, TeolaMiddleware
+
+    with SimServers(time_scale=0.2, max_num_seqs=2) as servers:
+        llm, _ = openai_models(servers.base_url, max_tokens=16)
+        agent = create_agent(llm, [], middleware=[TeolaMiddleware()])
+        fast = teola.optimize(agent)
+        assert isinstance(fast, OptimizedAgent)
+
+        async def contents(app: Any) -> list[list[str]]:
+            runs = [app.ainvoke({"messages": [("user", f"topic {i}")]}) for i in range(12)]
+            return [[str(m.content) for m in out["messages"]] for out in await asyncio.gather(*runs)]
+
+        async def scenario() -> tuple[list[list[str]], list[list[str]], Any]:
+            plain = await contents(agent)
+            optimized = await contents(fast)  # the server is found, then learned
+            optimized = await contents(fast)  # a burst on a learned server: calls wait in Teola
+            (calls,) = fast.engines.engines[fast.engine_name].load_watch.attached
+            await calls.settled()
+            return plain, optimized, calls
+
+        try:
+            plain, optimized, calls = asyncio.run(asyncio.wait_for(scenario(), 120))
+        finally:
+            fast.close()
+    assert optimized == plain
+    assert calls.vllm and calls.limit.capacity == 2 and calls.held_total > 0
+    fixed = teola.optimize(create_agent(llm, [], middleware=[TeolaMiddleware()]), model_concurrency=4)
+    assert fixed.engines.engines[fixed.engine_name].load_watch is None  # a bound given is kept
