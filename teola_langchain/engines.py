@@ -48,7 +48,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.vectorstores import VectorStore
 
-from teola_adapters.server_load import ServerLoadWatch, root_of
+from teola_adapters.server_load import ServerLoadWatch
 from teola_adapters.vllm_http import PrefixWarmer
 from teola_core.engines.choices import ComponentEngines, EngineOption
 from teola_core.engines.choices import EngineChoices as CoreEngineChoices
@@ -67,7 +67,7 @@ from teola_langchain.components.retrievers import batchable_embeddings, follows_
 from teola_langchain.execution import runs
 from teola_langchain.execution.context import QueryContext
 from teola_langchain.execution.steps import ModelStep
-from teola_langchain.prefix_warmup import openai_compatible, render, warmer_for
+from teola_langchain.prefix_warmup import render, server_root, warmer_for
 
 
 class LangChainLLMEngine(OpaqueModelEngine):
@@ -279,10 +279,10 @@ class EngineRegistry(ComponentEngines):
 
     def llm(self, model: BaseLanguageModel[Any]) -> str:
         def make(name: str) -> LangChainLLMEngine:
-            if not openai_compatible(model):
+            root = server_root(model)
+            if root is None:
                 return LangChainLLMEngine(name, model)
-            watch = ServerLoadWatch(root_of(str(model.openai_api_base)))  # type: ignore[attr-defined]
-            return LangChainLLMEngine(name, model, warmer_for(model), watch)
+            return LangChainLLMEngine(name, model, warmer_for(model), ServerLoadWatch(root))
 
         return self._get(model, "llm", make)
 

@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, get_buffer_string
 
+from teola_adapters.server_load import root_of
 from teola_adapters.vllm_http import PrefixWarmer, VLLMHTTPEngine, WarmupPrompt
 from teola_langchain.components.models import is_binding
 from teola_langchain.components.prompts import PromptPrefix
@@ -55,6 +56,11 @@ def openai_compatible(model: BaseLanguageModel[Any]) -> bool:
         return False
     base = getattr(model, "openai_api_base", None)
     return bool(base) and urlparse(str(base)).hostname != "api.openai.com"
+
+
+def server_root(model: BaseLanguageModel[Any]) -> str | None:
+    """The root URL of the server a langchain-openai model talks to (`openai_compatible`), or None."""
+    return root_of(str(model.openai_api_base)) if openai_compatible(model) else None  # type: ignore[attr-defined]
 
 
 def warmer_for(model: BaseLanguageModel[Any]) -> PrefixWarmer:

@@ -172,10 +172,6 @@ class RuntimePerLoop:
         """Forget the running loop's runtime and return it (None if it had none), to close it."""
         return self._runtimes.pop_current()
 
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        return tuple(sorted(self.engines.engines))
-
     def where(self) -> dict[str, str]:
         """Per engine, where it runs ("driver", or its Ray actors and what each reserves)."""
         if self.placed is None:

@@ -15,10 +15,10 @@ from typing import Any
 
 from langchain.agents.middleware import ModelRequest
 
-from teola_adapters.server_load import ServerFoundLater, root_of
+from teola_adapters.server_load import ServerFoundLater
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits
-from teola_langchain.prefix_warmup import openai_compatible
+from teola_langchain.prefix_warmup import server_root
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class AgentModelEngine(OpaqueModelEngine):
         if not isinstance(prompt, AgentModelCall):
             raise TypeError(f"{self.name} runs agent model calls, not {type(prompt).__name__}")
         watch = self.load_watch
-        if watch is not None and watch.watch is None and openai_compatible(model := prompt.request.model):
-            watch.found(root_of(str(model.openai_api_base)))  # type: ignore[attr-defined]
+        if watch is not None and watch.watch is None and (root := server_root(prompt.request.model)) is not None:
+            watch.found(root)
         return await prompt.run()
 
 

@@ -2,7 +2,8 @@
 option: calls beyond what the server runs wait in Teola, earliest run first (llama-index-core 0.14).
 
 Real parts: the simulated vLLM-like server (running set and waiting queue of
-`max_num_seqs`, vLLM's gauges) and LlamaIndex's `OpenAILike` client pointed at it.
+`max_num_seqs`, vLLM's gauges) and LlamaIndex's `OpenAILike` client pointed at it; the
+workflow is the bench's `drafts_workflow` (three drafts at once, then a summary).
 """
 
 from __future__ import annotations
@@ -21,39 +22,17 @@ pytest.importorskip("uvicorn")
 
 from llama_index.core.agent.workflow import ReActAgent  # noqa: E402
 from llama_index.core.llms import MockLLM  # noqa: E402
-from llama_index.core.workflow import Event, StartEvent, StopEvent, Workflow, step  # noqa: E402
+from llama_index.core.workflow import Workflow  # noqa: E402
 
 import teola  # noqa: E402
 from teola_adapters.server_load import ServerCalls, ServerLoadWatch  # noqa: E402
 from teola_adapters.simulated.servers import SimServers  # noqa: E402
+from teola_benchmarks.llamaindex.workflows import DraftsWorkflow, server_llm  # noqa: E402
 from teola_llamaindex.workflows import TeolaWorkflow  # noqa: E402
 
 
-class Drafted(Event):
-    draft: str
-
-
-class DraftThenSum(Workflow):
-    """Three drafts at once, then a summary of them."""
-
-    def __init__(self, llm: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.llm = llm
-
-    @step
-    async def draft(self, ev: StartEvent) -> Drafted:
-        drafts = await asyncio.gather(*(self.llm.acomplete(f"Draft {k} about {ev.topic}") for k in "abc"))
-        return Drafted(draft=" / ".join(str(d) for d in drafts))
-
-    @step
-    async def summary(self, ev: Drafted) -> StopEvent:
-        return StopEvent(result=str(await self.llm.acomplete(f"Sum up: {ev.draft}")))
-
-
 def client(base_url: str) -> Any:
-    return openai_like.OpenAILike(
-        model="sim", api_base=base_url, api_key="x", is_chat_model=False, max_tokens=16, max_retries=0
-    )
+    return server_llm(base_url, max_tokens=16)
 
 
 def server_calls(fast: TeolaWorkflow) -> list[ServerCalls]:
@@ -64,7 +43,7 @@ def server_calls(fast: TeolaWorkflow) -> list[ServerCalls]:
 
 def burst(servers: SimServers, runs: int = 8) -> tuple[list[str], list[str], list[ServerCalls]]:
     """Plain, then optimized: the runs at once; what Teola learned of the server."""
-    workflow = DraftThenSum(client(servers.base_url), timeout=60)
+    workflow = DraftsWorkflow(client(servers.base_url), timeout=60)
     fast = teola.optimize(workflow)
     assert isinstance(fast, TeolaWorkflow)
 
@@ -103,7 +82,7 @@ def test_each_call_arrives_at_its_runs_start() -> None:
     """Where calls wait (an engine at its concurrency, a full server), the engine
     schedulers serve them by arrival: a run's calls arrive when the run began, so an
     earlier run's later call goes before a later run's first one."""
-    workflow = DraftThenSum(MockLLM(max_tokens=4))
+    workflow = DraftsWorkflow(MockLLM(max_tokens=4))
     fast = teola.optimize(workflow)
     assert isinstance(fast, TeolaWorkflow)
     arrivals: list[tuple[str, float | None]] = []
