@@ -6,7 +6,8 @@
 
 vLLM (and the simulated vLLM-like server) report `vllm:num_requests_running`,
 `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`, one sample per model label;
-they are summed. Servers without them (another OpenAI-compatible server, a `/metrics`
+they are summed, and `vllm:cache_config_info` gives the KV cache's size (`kv_tokens`).
+Servers without them (another OpenAI-compatible server, a `/metrics`
 that 404s) are not vLLM-like: Teola then never holds their calls. `ServerCalls` keeps
 one server's count of calls and its learned limit (`teola_core.scheduler.server_limit`),
 and asks for a reading when the answer could change the limit: at most one read in
@@ -27,7 +28,8 @@ from teola_core.engines.protocol import EngineControls
 from teola_core.scheduler.server_limit import ServerLimit, ServerReading
 
 RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
-GAUGES = (f"{RUNNING}{{", f"{RUNNING} ", f"{WAITING}{{", f"{WAITING} ", f"{KV_USAGE}{{", f"{KV_USAGE} ")
+CACHE_CONFIG = "vllm:cache_config_info"
+GAUGES = (*(f"{name}{end}" for name in (RUNNING, WAITING, KV_USAGE) for end in ("{", " ")), f"{CACHE_CONFIG}{{")
 READ_TIMEOUT_S = 2.0
 LEARNING_INTERVAL_S = 0.02  # between reads while the server's capacity is not known yet
 KNOWN_INTERVAL_S = 0.25  # once it is: reads only catch a change (room gained, other clients)
@@ -44,12 +46,27 @@ def parse_reading(text: str) -> ServerReading | None:
     # vLLM's page is long (histograms per model): only the gauges' lines are parsed
     lines = "\n".join(line for line in text.splitlines() if line.startswith(GAUGES))
     sums: dict[str, float] = {}
+    kv_tokens: int | None = None
     for family in parser.text_string_to_metric_families(lines + "\n"):
         if family.name in (RUNNING, WAITING, KV_USAGE):
             sums[family.name] = sums.get(family.name, 0.0) + sum(sample.value for sample in family.samples)
+        elif family.name == CACHE_CONFIG:
+            sizes = [kv_pool_tokens(sample.labels) for sample in family.samples]
+            known = [size for size in sizes if size is not None]
+            kv_tokens = sum(known) if known and len(known) == len(sizes) else None
     if RUNNING not in sums or WAITING not in sums:
         return None
-    return ServerReading(int(sums[RUNNING]), int(sums[WAITING]), sums.get(KV_USAGE))
+    return ServerReading(int(sums[RUNNING]), int(sums[WAITING]), sums.get(KV_USAGE), kv_tokens)
+
+
+def kv_pool_tokens(labels: dict[str, str]) -> int | None:
+    """A vLLM engine's KV cache in tokens, from `cache_config_info`'s labels (`num_gpu_blocks`
+    blocks of `block_size` tokens); None where they are missing (before the engine sized
+    its cache vLLM reports `num_gpu_blocks="None"`)."""
+    try:
+        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
 
 
 def root_of(base_url: str) -> str:

@@ -21,6 +21,7 @@ LLAMAINDEX_WORKFLOWS = ("drafts_workflow",)
 LLAMAINDEX_EXAMPLES = ("multi_query_rag", "fusion_rag", "naive_rag", "fusion_query_engine", *LLAMAINDEX_WORKFLOWS)
 # `--langgraph` (`teola_examples.langgraph_<name>`).
 LANGGRAPH_EXAMPLES = ("rag", "map_reduce")
+LANGGRAPH_AGENTS = "create_agents"  # `create_agent` agents replaying the agent traces (`langgraph/agents.py`)
 
 
 def import_example(name: str, known: tuple[str, ...], prefix: str = "") -> ModuleType:

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from teola.cli_support import DefaultsFormatter, bounded_int, positive_float
-from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES, LANGGRAPH_EXAMPLES, LLAMAINDEX_EXAMPLES
+from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES, LANGGRAPH_AGENTS, LANGGRAPH_EXAMPLES, LLAMAINDEX_EXAMPLES
 from teola_benchmarks.cli_agents import run_agents_bench
 from teola_benchmarks.cli_apps import run_call_overhead, run_langchain_bench, run_langgraph_bench, run_llamaindex_bench
 from teola_benchmarks.cli_workloads import run_workload_bench
@@ -110,11 +110,12 @@ def add_bench_command(commands: Any) -> None:
     )
     p.add_argument(
         "--langgraph",
-        choices=LANGGRAPH_EXAMPLES,
+        choices=(*LANGGRAPH_EXAMPLES, LANGGRAPH_AGENTS),
         default=None,
         metavar="EXAMPLE",
         help=f"an example LangGraph graph, graph.ainvoke vs teola.optimize, on simulated OpenAI-compatible "
-        f"servers ({', '.join(LANGGRAPH_EXAMPLES)})",
+        f"servers ({', '.join(LANGGRAPH_EXAMPLES)}); {LANGGRAPH_AGENTS}: --concurrency create_agent agents (32) "
+        f"replaying the agent traces on a server whose KV cache holds a third of their contexts",
     )
     p.add_argument(
         "--max-num-seqs",

@@ -10,9 +10,10 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from teola.cli_support import working
-from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES
+from teola_benchmarks.app_names import LANGCHAIN_EXAMPLES, LANGGRAPH_AGENTS
 from teola_benchmarks.framework_result import FrameworkBenchResult, summary_table
 
 
@@ -119,6 +120,8 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
 
     if args.overhead:
         raise SystemExit("teola bench: --overhead is not available with --langgraph")
+    if args.langgraph == LANGGRAPH_AGENTS:
+        return run_create_agents_bench(args)
     time_scale = _app_time_scale(args)
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
         raise SystemExit("teola bench: --max-num-seqs must be >= 1")
@@ -132,3 +135,28 @@ def run_langgraph_bench(args: argparse.Namespace) -> int:
         )
     bound = f", server max_num_seqs {args.max_num_seqs}" if args.max_num_seqs else ""
     return _report_app(args, result, f"{result.example} (LangGraph{bound})")
+
+
+def run_create_agents_bench(args: argparse.Namespace) -> int:
+    """`--langgraph create_agents`: plain `agent.ainvoke` vs `teola.optimize(agent)` on a KV-short server."""
+    from teola_benchmarks.langgraph.agents import bench_create_agents
+
+    if args.overhead or args.max_num_seqs is not None or args.rate is not None:
+        raise SystemExit("teola bench: --langgraph create_agents takes --concurrency, --seed and --time-scale")
+    time_scale = 0.2 if args.time_scale is None else _app_time_scale(args)
+    agents = args.concurrency or 32
+    with working(f"{agents} create_agent agents: LangGraph vs teola.optimize on a KV-short simulated server"):
+        result = bench_create_agents(agents=agents, seed=args.seed, time_scale=time_scale)
+    explained = result.pop("explain")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    table = Table(title=f"{agents} create_agent agents, KV cache {result['kv_pool_tokens']} tokens (simulated s)")
+    for column in ("system", "mean JCT", "p95 JCT", "recomputed prefill"):
+        table.add_column(column)
+    for name, s in result["systems"].items():
+        table.add_row(name, f"{s['mean_s']:.1f}", f"{s['p95_s']:.1f}", f"{s['recomputed_prefill_tokens']:,}")
+    Console().print(table)
+    print(f"speedup: {result['speedup_mean']:.2f}x (mean JCT), {result['speedup_p95']:.2f}x (p95)")
+    print(next((line for line in explained.splitlines() if line.startswith("- server ")), ""))
+    return 0

@@ -163,6 +163,11 @@ class SimLLM(Engine, KVRetention, KVPool):
         self.cache.expire(self.clock.now())
         return self.cache.holders()
 
+    def waiting_prefills(self) -> int:
+        """Prompts waiting to be prefilled (in pool mode: for room in the KV pool)."""
+        st = self._state
+        return 0 if st is None else sum(1 for *_, job in st.waiting if not job.future.done())
+
     def kv_capacity_tokens(self) -> int | None:
         return self.cache.capacity_blocks * self.cache.block_tokens if self.cache is not None else None
 
@@ -274,7 +279,8 @@ class SimLLM(Engine, KVRetention, KVPool):
                     continue
                 admitted, computed = self._admit(st)
                 if not admitted and not st.running:
-                    await self._wait_for_room(st)  # pool mode: every waiting prefill needs room
+                    if st.waiting:  # else: the only prompts waiting could never fit and failed
+                        await self._wait_for_room(st)  # pool mode: every waiting prefill needs room
                     continue
                 for seq in st.running:
                     if seq.abandoned:

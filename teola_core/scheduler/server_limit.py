@@ -34,11 +34,13 @@ START_LIMIT = 32
 
 @dataclass(frozen=True, slots=True)
 class ServerReading:
-    """A server's load at one moment: requests running and waiting, KV cache use (0..1)."""
+    """A server's load at one moment: requests running and waiting, KV cache use (0..1), and
+    the KV cache's size in tokens (None where the server does not say)."""
 
     running: int
     waiting: int
     kv_usage: float | None = None
+    kv_tokens: int | None = None
 
 
 class ServerLimit:

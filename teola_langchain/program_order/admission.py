@@ -13,7 +13,9 @@ flight; the others wait here, earlier runs first, instead of in the server's que
 a run's last call would wait behind every later run's fan-out. "auto" (the default)
 learns the bound from the server itself: a vLLM-like server's `/metrics` say how many
 requests run and wait (`teola_adapters.server_load`), calls go at once while it has
-room and wait here only once requests wait there. A server that reports no load (or a
+room and wait here only once requests wait there. Where the server also says how big
+its KV cache is, a run calls only while its context fits beside the older runs'
+(`working_set.py`): agents then stop evicting each other's prefixes. A server that reports no load (or a
 model with no base URL) is never held. An int is a fixed bound (what the server runs at
 once: vLLM's `--max-num-seqs`, llama.cpp's `--parallel`); None holds nothing.
 
@@ -41,6 +43,7 @@ from teola_core.ir.types import KVHandle, PortType
 from teola_core.runtime.base import RuntimeHook
 from teola_core.runtime.local import LocalRuntime
 from teola_langchain.agents.engine import AgentModelEngine
+from teola_langchain.program_order.working_set import WorkingSets
 
 UNBOUNDED = sys.maxsize
 AUTO = "auto"
@@ -56,10 +59,12 @@ def check_concurrency(concurrency: Concurrency) -> None:
 
 @dataclass(eq=False)
 class HeldCall:
-    """A model call waiting for its turn (`admitted`), then in flight until `end()`."""
+    """A model call waiting for its turn (`admitted`), then in flight until `end()`;
+    `usage` (prompt and answer tokens) where the answer reported it."""
 
     admitted: asyncio.Future[None]
     ended: asyncio.Future[None]
+    usage: tuple[int, int] | None = None
 
     @classmethod
     def on_running_loop(cls) -> HeldCall:
@@ -99,6 +104,7 @@ class ModelAdmission:
         self._gates: dict[str, tuple[LocalRuntime, Graph]] = {}
         self._servers: dict[str, ServerCalls] = {}
         self._engines_at: dict[str, set[str]] = {}  # server root -> its engines (auto)
+        self.working_sets = WorkingSets()
 
     def engines(self) -> list[str]:
         return list(self._gates)
@@ -115,14 +121,34 @@ class ModelAdmission:
     def servers(self) -> list[ServerCalls]:
         return list(self._servers.values())
 
+    def describe_servers(self) -> list[str]:
+        """One line per server read so far: its load as Teola knows it, and its working set."""
+        lines = []
+        for root, calls in self._servers.items():
+            working = self.working_sets.at(root)
+            lines.append(calls.describe() + ("" if working is None else f"; {working.describe()}"))
+        return lines
+
     def passes(self, server: str | None) -> bool:
         """A call to `server` goes at once, untouched (nothing to learn or hold there)."""
         if self.concurrency != AUTO:
             return False
         return server is None or (server in self._servers and self._servers[server].vllm is False)
 
-    async def hold(self, engine: str, held: HeldCall, *, rank: int, call_id: str, server: str | None = None) -> None:
-        """Queue `held` on `engine`'s scheduler by `rank`; returns when the call has ended."""
+    async def hold(
+        self,
+        engine: str,
+        held: HeldCall,
+        *,
+        rank: int,
+        call_id: str,
+        server: str | None = None,
+        run: str | None = None,
+        prompt_chars: int = 0,
+    ) -> None:
+        """Queue `held` on `engine`'s scheduler by `rank`; returns when the call has ended.
+        On a server that reports its KV cache's size, `run` (whose prompt is `prompt_chars`
+        long) first waits for room among the older runs' contexts (`working_set`)."""
         calls: ServerCalls | None = None
         if self.concurrency == AUTO:
             calls = self._server(server) if server is not None else None
@@ -146,7 +172,19 @@ class ModelAdmission:
                 self._engines_at.setdefault(server, set()).add(engine)
             gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate
-        await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
+        kv_tokens = calls.last.kv_tokens if calls is not None and calls.last is not None else None
+        if not (kv_tokens and run is not None and server is not None):
+            await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
+            return
+        await self.working_sets.call(server, kv_tokens, run=run, rank=rank, prompt_chars=prompt_chars)
+        try:
+            await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
+        finally:
+            self.working_sets.done(server, run, prompt_chars=prompt_chars, usage=held.usage)
+
+    def leave(self, run: str) -> None:
+        """The run ended: the room its context took at the servers goes to the next runs."""
+        self.working_sets.leave(run)
 
     def _server(self, root: str) -> ServerCalls:
         calls = self._servers.get(root)

@@ -92,34 +92,39 @@ class RunGate(RunCalls):
     async def on_chat_model_start(
         self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any
     ) -> None:
-        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")), model_server(serialized))
+        engine, server = model_engine(serialized, kwargs.get("metadata")), model_server(serialized)
+        await self._enter(run_id, engine, server, chat_prompt_chars(messages))
 
     async def on_llm_start(self, serialized: dict[str, Any], prompts: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        await self._enter(run_id, model_engine(serialized, kwargs.get("metadata")), model_server(serialized))
+        engine, server = model_engine(serialized, kwargs.get("metadata")), model_server(serialized)
+        await self._enter(run_id, engine, server, sum(len(p) for p in prompts if isinstance(p, str)))
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._on_loop(self._leave, run_id)
+        self._on_loop(self._leave, run_id, reported_usage(response))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._on_loop(self._leave, run_id)
 
     # -- holding -------------------------------------------------------------------------
-    async def _enter(self, call: UUID, engine: str, server: str | None) -> None:
+    async def _enter(self, call: UUID, engine: str, server: str | None, chars: int) -> None:
         on_loop = running_loop() is self.loop
         if self.admission.passes(server) or (not on_loop and self.admission.concurrency == AUTO):
             # nothing to hold or learn; or (learned bound) a sync model call in an async run,
             # which may block the run's own loop: waiting for that loop would never end
             self.calls = next(self._count)
         elif on_loop:
-            await self._hold(call, engine, server)
+            await self._hold(call, engine, server, chars)
         else:  # a sync callback manager runs this on a loop of its own
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._hold(call, engine, server), self.loop))
+            hold = self._hold(call, engine, server, chars)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(hold, self.loop))
 
-    async def _hold(self, call: UUID, engine: str, server: str | None) -> None:
+    async def _hold(self, call: UUID, engine: str, server: str | None, chars: int) -> None:
         held = HeldCall.on_running_loop()
         self.calls = next(self._count)
         call_id = f"{self.run}/call{self.calls}"
-        hold = self.admission.hold(engine, held, rank=self.rank, call_id=call_id, server=server)
+        hold = self.admission.hold(
+            engine, held, rank=self.rank, call_id=call_id, server=server, run=self.run, prompt_chars=chars
+        )
         task = self.loop.create_task(hold)
         task.add_done_callback(lambda t: _admit_on_failure(t, held))
         self._held[call] = (held, task)
@@ -129,11 +134,12 @@ class RunGate(RunCalls):
             self._leave(call)
             raise
 
-    def _leave(self, call: UUID) -> None:
+    def _leave(self, call: UUID, usage: tuple[int, int] | None = None) -> None:
         entry = self._held.pop(call, None)
         if entry is None:
             return
         held, task = entry
+        held.usage = usage
         held.end()
         if not held.admitted.done():
             task.cancel()
@@ -148,6 +154,32 @@ class RunGate(RunCalls):
         """The run ended: free the slots of calls that never reported their end (on the run's loop)."""
         for call in list(self._held):
             self._leave(call)
+        self.admission.leave(self.run)
+
+
+def chat_prompt_chars(messages: Any) -> int:
+    """The characters of a chat call's prompt (`on_chat_model_start`'s message lists): each
+    message's content and tool calls, what the server's chat template renders."""
+    chars = 0
+    for batch in messages if isinstance(messages, list) else ():
+        for message in batch:
+            chars += len(str(getattr(message, "content", "") or ""))
+            chars += sum(len(str(call)) for call in getattr(message, "tool_calls", None) or ())
+    return chars
+
+
+def reported_usage(response: Any) -> tuple[int, int] | None:
+    """The prompt and answer tokens a model's answer (`LLMResult`) reports, if any: a chat
+    message's `usage_metadata`, else the OpenAI-style `token_usage` of `llm_output`."""
+    for generations in getattr(response, "generations", None) or ():
+        for generation in generations:
+            usage = getattr(getattr(generation, "message", None), "usage_metadata", None)
+            if usage:
+                return int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+    token_usage = (getattr(response, "llm_output", None) or {}).get("token_usage") or {}
+    if token_usage.get("prompt_tokens"):
+        return int(token_usage["prompt_tokens"]), int(token_usage.get("completion_tokens", 0))
+    return None
 
 
 def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None) -> str:

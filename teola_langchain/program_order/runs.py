@@ -92,7 +92,7 @@ class ProgramRuns:
 
     def servers(self) -> list[str]:
         """What is known of the model servers read so far ("auto"), one line each."""
-        return [calls.describe() for a in self._admissions.values() for calls in a.servers()]
+        return [line for a in self._admissions.values() for line in a.describe_servers()]
 
     def shutdown(self) -> None:
         """Stop the sync methods' loop thread (it restarts if used again)."""

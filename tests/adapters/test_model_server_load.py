@@ -31,6 +31,18 @@ def test_vllms_gauges_are_summed_over_their_labels() -> None:
 
 
 @pytest.mark.parametrize(
+    ("labels", "kv_tokens"),
+    [
+        ('block_size="16",enable_prefix_caching="True",num_gpu_blocks="2048"', 32_768),
+        ('block_size="16",num_gpu_blocks="None"', None),  # vLLM before it sized its cache
+    ],
+)
+def test_the_kv_cache_size_is_its_blocks_times_their_size(labels: str, kv_tokens: int | None) -> None:
+    page = VLLM_PAGE.replace('block_size="16",enable_prefix_caching="True"', labels)
+    assert parse_reading(page) == ServerReading(running=12, waiting=3, kv_usage=0.25, kv_tokens=kv_tokens)
+
+
+@pytest.mark.parametrize(
     "page",
     [
         "",

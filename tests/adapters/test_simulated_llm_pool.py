@@ -131,6 +131,19 @@ def test_a_prompt_larger_than_the_pool_fails_naming_the_pool() -> None:
         run_virtual(main())
 
 
+def test_a_prompt_larger_than_the_pool_fails_alone_and_the_engine_goes_on() -> None:
+    async def main() -> str:
+        llm = SimLLM(LLM, cache_tokens=4 * BLOCK_TOKENS, kv_pool=True)
+        try:
+            with pytest.raises(RuntimeError, match="does not fit the KV pool"):
+                await _prefill(llm, words("a", 6 * BLOCK_TOKENS))
+            return await _decode(llm, await _prefill(llm, words("b", BLOCK_TOKENS)), 3)
+        finally:
+            await llm.close()
+
+    assert len(run_virtual(main()).split()) == 3
+
+
 def test_pool_mode_needs_the_prefix_cache() -> None:
     with pytest.raises(ValueError, match="kv_pool"):
         SimLLM(LLM, prefix_cache=False, kv_pool=True)

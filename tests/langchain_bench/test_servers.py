@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import httpx
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import AsyncOpenAI, BadRequestError, OpenAI
 
+from teola_adapters.server_load import parse_reading
 from teola_adapters.simulated.servers import ExampleResponder, SimServers, messages_to_prompt
+from teola_adapters.simulated.servers.backend import ScriptedToolCall
+from teola_core.scheduler.server_limit import ServerReading
 
 MESSAGES = [
     {"role": "system", "content": "You help search."},
@@ -160,3 +165,34 @@ def test_a_priority_is_refused_unless_the_server_schedules_by_priority() -> None
         assert bad.status_code == 400 and "priority must be an integer" in bad.text
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         SimServers(scheduling_policy="lifo")  # type: ignore[arg-type]
+
+
+def test_a_kv_pool_is_reported_as_vllm_reports_its_cache_and_a_prompt_too_long_is_refused() -> None:
+    with SimServers(time_scale=0.0, kv_cache_tokens=64) as s:
+        page = httpx.get(f"{s.root_url}/metrics").text
+        client = OpenAI(base_url=s.base_url, api_key="x", max_retries=0)
+        with pytest.raises(BadRequestError, match=r"the prompt's 100 tokens exceed the KV cache \(64 tokens\)"):
+            client.completions.create(model="m", prompt=" ".join(["w"] * 100), max_tokens=1)
+        assert client.completions.create(model="m", prompt="short", max_tokens=2).choices[0].text
+    assert 'num_gpu_blocks="4"' in page and 'block_size="16"' in page
+    assert parse_reading(page) == ServerReading(running=0, waiting=0, kv_usage=0.0, kv_tokens=64)
+
+
+def test_a_chat_script_answers_with_tool_calls_where_tools_are_offered() -> None:
+    def script(messages: Any) -> list[ScriptedToolCall] | None:
+        last = messages[-1]
+        return [ScriptedToolCall("lookup", {"key": last["content"]})] if last["role"] == "user" else None
+
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    with SimServers(time_scale=0.0, chat_script=script) as s:
+        client = OpenAI(base_url=s.base_url, api_key="x")
+        first = client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, max_tokens=4)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert call.function.name == "lookup"
+        assert json.loads(call.function.arguments) == {"key": MESSAGES[-1]["content"]}
+        untooled = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert untooled.choices[0].message.tool_calls is None and untooled.choices[0].finish_reason == "stop"
+        streamed = client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, max_tokens=4, stream=True)
+        deltas = [c.choices[0].delta.tool_calls for c in streamed if c.choices and c.choices[0].delta.tool_calls]
+        assert [d[0].function.name for d in deltas] == ["lookup"]

@@ -71,3 +71,13 @@ def test_the_burst_on_a_server_of_your_own_reports_both_rounds(capsys: pytest.Ca
     assert "vLLM-like; runs 2 at once" in learned
     with pytest.raises(SystemExit, match="--runs and --documents must be >= 1"):
         on_server(["http://127.0.0.1:9", "--runs", "0"])
+
+
+def test_create_agents_bench_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--langgraph", "create_agents", "--concurrency", "3", "--time-scale", "0.01", "--seed", "1"]
+    assert main([*argv, "--json"]) == 0  # raises AnswerMismatch if the answers differ
+    out = json.loads(capsys.readouterr().out)
+    assert out["agents"] == 3 and out["seed"] == 1 and set(out["systems"]) == {"langgraph", "teola"}
+    assert {"mean_s", "p95_s", "recomputed_prefill_tokens"} <= set(out["systems"]["teola"])
+    with pytest.raises(SystemExit, match="create_agents takes --concurrency, --seed and --time-scale"):
+        main(["bench", "--langgraph", "create_agents", "--rate", "1"])

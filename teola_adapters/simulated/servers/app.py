@@ -22,12 +22,15 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from teola_adapters.simulated.servers.backend import SimBackend
+from teola_adapters.simulated.paper_profiles import LLM
+from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
+from teola_adapters.simulated.servers.backend import ChatScript, SimBackend
 from teola_adapters.simulated.servers.batcher import BATCHING_MODES, Batching
 from teola_adapters.simulated.servers.completions import chat, completions
 from teola_adapters.simulated.servers.responder import ExampleResponder
 from teola_adapters.simulated.servers.retrieval import embeddings, metrics, rerank, reset_prefix_cache, tokenize
 from teola_adapters.simulated.servers.slots import RequestSlots, SchedulingPolicy
+from teola_core.profiles.profile import LatencyProfile
 
 
 def make_app(backend_factory: Callable[[], SimBackend], ready: threading.Event, vllm_api: bool = True) -> FastAPI:
@@ -62,6 +65,8 @@ class SimServers:
     Use as a context manager (or `start()`/`stop()`). `base_url` ends in `/v1`, as the
     openai client and `ChatOpenAI(base_url=...)` expect. `backend` is the live engine
     state (read it only after `stop()` or from the server loop: it is not thread-safe).
+    `max_num_seqs`, `scheduling_policy`, `llm_profile`, `kv_cache_tokens` and `chat_script`
+    are the LLM's, as `SimBackend` takes them.
     """
 
     def __init__(
@@ -74,7 +79,12 @@ class SimServers:
         vllm_api: bool = True,
         max_num_seqs: int | None = None,
         scheduling_policy: SchedulingPolicy = "fcfs",
+        llm_profile: LatencyProfile = LLM,
+        kv_cache_tokens: int | None = None,
+        chat_script: ChatScript | None = None,
     ) -> None:
+        if kv_cache_tokens is not None and kv_cache_tokens < BLOCK_TOKENS:
+            raise ValueError(f"kv_cache_tokens must be at least one block ({BLOCK_TOKENS}), got {kv_cache_tokens}")
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         self.time_scale = time_scale
@@ -83,6 +93,7 @@ class SimServers:
         self._max_batch_items = max_batch_items
         self._max_num_seqs = max_num_seqs
         self._scheduling_policy = scheduling_policy
+        self._llm_options = {"llm_profile": llm_profile, "kv_cache_tokens": kv_cache_tokens, "chat_script": chat_script}
         RequestSlots(max_num_seqs, scheduling_policy)  # bad options fail here, not on the server's thread
         self.vllm_api = vllm_api
         self._app: FastAPI | None = None
@@ -122,6 +133,7 @@ class SimServers:
                 self._max_batch_items,
                 self._max_num_seqs,
                 self._scheduling_policy,
+                **self._llm_options,
             ),
             ready,
             self.vllm_api,

@@ -7,7 +7,13 @@
 `max_num_seqs` (vLLM's option of that name): at most that many LLM requests run at once;
 the others wait, first come first served, or by request `priority` with
 `scheduling_policy="priority"` (`slots.RequestSlots`; None: every request runs at once, as
-when the KV cache holds them all).
+when the KV cache holds them all). `kv_cache_tokens`: the LLM's KV cache is a pool of that
+many tokens shared by the running requests and the prefix cache, as vLLM's
+(`num_gpu_blocks` x block size): a prompt waits for room, and prefixes evicted under
+pressure are computed again (`llm.stats.recomputed_tokens`); None: a prefix cache of the
+paper's LLM's size beside unbounded running requests. `llm_profile`: the LLM's step costs
+(the paper's 7B by default). `chat_script`: which tools a chat request calls
+(`ChatScript`; None: every answer is text).
 
 It lives on the server's event loop: one `SimLLM` (continuous batching, prefix cache),
 one `SimEmbedder` and one reranker instance with the paper's profiles, shared by every
@@ -17,6 +23,7 @@ client of the server, so systems run against one server are compared fairly.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from teola_adapters.simulated.clock import SimClock
@@ -32,6 +39,18 @@ from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
 from teola_core.ir.node import Node, kind_node
 from teola_core.ir.types import PortType
+from teola_core.profiles.profile import LatencyProfile
+
+ChatScript = Callable[[Sequence[dict[str, Any]]], "list[ScriptedToolCall] | None"]
+"""Given a chat request's messages, the tool calls the model makes (None: it answers in text)."""
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    """A tool call a scripted chat answer carries beside its text (OpenAI's `tool_calls` item)."""
+
+    name: str
+    arguments: dict[str, Any]
 
 
 def _llm_node(kind: PrimitiveKind, max_tokens: int = 0) -> Node:
@@ -59,8 +78,20 @@ class SimBackend:
         max_batch_items: int | None = None,
         max_num_seqs: int | None = None,
         scheduling_policy: SchedulingPolicy = "fcfs",
+        *,
+        llm_profile: LatencyProfile = LLM,
+        kv_cache_tokens: int | None = None,
+        chat_script: ChatScript | None = None,
     ) -> None:
-        self.llm = SimLLM(LLM, time_scale=time_scale, responder=responder, cache_tokens=LLM_CACHE_TOKENS)
+        self.kv_cache_tokens = kv_cache_tokens
+        self.llm = SimLLM(
+            llm_profile,
+            time_scale=time_scale,
+            responder=responder,
+            cache_tokens=kv_cache_tokens or LLM_CACHE_TOKENS,
+            kv_pool=kv_cache_tokens is not None,
+        )
+        self.chat_script = chat_script
         self.llm_slots = RequestSlots(max_num_seqs, scheduling_policy)
         self.embedder = SimEmbedder(EMBEDDER, time_scale=time_scale)
         self.rerank_clock = SimClock(time_scale)
@@ -94,6 +125,14 @@ class SimBackend:
     async def _kv(self, prompt: str) -> Any:
         return (await self.llm.run_one(Call("http", _llm_node(PrimitiveKind.PREFILL), {"prompt": prompt})))["kv"]
 
+    def check_fits(self, prompt: str) -> None:
+        """A prompt longer than the KV pool is refused up front (ValueError), as vLLM refuses
+        one beyond the model's context."""
+        if self.kv_cache_tokens is not None and len(tokens_of(prompt)) > self.kv_cache_tokens:
+            raise ValueError(
+                f"the prompt's {len(tokens_of(prompt))} tokens exceed the KV cache ({self.kv_cache_tokens} tokens)"
+            )
+
     async def generate(self, prompt: str, max_tokens: int, priority: int = 0) -> str:
         async with self.llm_slots.running(priority):
             kv = await self._kv(prompt)
@@ -109,7 +148,7 @@ class SimBackend:
     def reset_prefix_cache(self) -> None:
         """Empty the LLM's prefix cache (between benchmark runs)."""
         if self.llm.cache is not None:
-            self.llm.cache = PrefixCache(LLM_CACHE_TOKENS)
+            self.llm.cache = PrefixCache(self.kv_cache_tokens or LLM_CACHE_TOKENS)
 
     # -- embeddings and rerank ---------------------------------------------------------
     async def _embed_batch(self, requests: list[list[str]]) -> list[list[list[float]]]:

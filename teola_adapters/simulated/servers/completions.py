@@ -45,6 +45,19 @@ def request_priority(b: SimBackend, body: dict[str, Any]) -> int:
     return priority
 
 
+def scripted_tool_calls(b: SimBackend, body: dict[str, Any], request_id: str) -> list[dict[str, Any]]:
+    """The OpenAI `tool_calls` of a chat answer: the server's `chat_script` decides, for a
+    request that offers tools; none otherwise."""
+    if b.chat_script is None or not body.get("tools"):
+        return []
+    calls = b.chat_script(body["messages"]) or []
+    items = []
+    for i, call in enumerate(calls):
+        function = {"name": call.name, "arguments": json.dumps(call.arguments)}
+        items.append({"id": f"call-{request_id}-{i}", "type": "function", "function": function})
+    return items
+
+
 def _next_id(request: Request, prefix: str) -> tuple[str, int]:
     return f"{prefix}-{next(request.app.state.ids)}", int(time.time())
 
@@ -56,6 +69,7 @@ async def chat(request: Request) -> Any:
     prompt = messages_to_prompt(body["messages"])
     try:
         priority = request_priority(b, body)
+        b.check_fits(prompt)
     except ValueError as exc:
         return error(str(exc))
     model = body.get("model", "sim")
@@ -63,10 +77,14 @@ async def chat(request: Request) -> Any:
     max_tokens = int(value) if value else 256
     rid, created = _next_id(request, "chatcmpl")
     head = {"id": rid, "created": created, "model": model}
+    tool_calls = scripted_tool_calls(b, body, rid)
+    finish = "tool_calls" if tool_calls else "stop"
     if not body.get("stream"):
         text = await b.generate(prompt, max_tokens, priority)
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return JSONResponse({**head, "object": "chat.completion", "choices": [choice], "usage": usage(prompt, text)})
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -80,7 +98,9 @@ async def chat(request: Request) -> Any:
         async for piece in b.stream(prompt, max_tokens, priority):
             text += piece
             yield chunk({"content": piece}, None)
-        yield chunk({}, "stop")
+        if tool_calls:
+            yield chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]}, None)
+        yield chunk({}, finish)
         if include_usage:
             yield sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage(prompt, text)})
         yield b"data: [DONE]\n\n"
@@ -120,6 +140,8 @@ async def completions(request: Request) -> Any:
         return error("prompts must be strings" + (" or token ids" if request.app.state.vllm_api else ""))
     try:
         priority = request_priority(b, body)
+        for prompt in prompts:
+            b.check_fits(prompt)
     except ValueError as exc:
         return error(str(exc))
     max_tokens = int(body.get("max_tokens") or 16)

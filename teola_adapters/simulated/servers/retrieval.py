@@ -82,16 +82,20 @@ async def metrics(request: Request) -> Any:
     b: SimBackend = request.app.state.backend
     cache = b.llm.cache
     usage = cache.running_blocks / cache.capacity_blocks if cache is not None and cache.capacity_blocks else 0.0
+    blocks = f',num_gpu_blocks="{cache.capacity_blocks}"' if cache is not None and b.kv_cache_tokens is not None else ""
     labels = 'model_name="sim"'
+    # with a KV pool, a request waiting for room in it is waiting, as in vLLM
+    for_room = b.llm.waiting_prefills() if b.kv_cache_tokens is not None else 0
+    running, waiting = b.llm_slots.running_count - for_room, b.llm_slots.waiting_count + for_room
     lines = [
         "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{labels}}} {float(b.llm_slots.running_count)}",
+        f"vllm:num_requests_running{{{labels}}} {float(running)}",
         "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{labels}}} {float(b.llm_slots.waiting_count)}",
+        f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"}} 1.0',
+        f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"{blocks}}} 1.0',
     ]
     return PlainTextResponse("\n".join(lines) + "\n")
 

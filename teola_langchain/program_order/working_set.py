@@ -1,0 +1,114 @@
+"""Which graph runs may call a model server now: the oldest whose contexts fit its KV cache.
+
+An agent's context grows every turn and it needs all of it at every call. When more runs
+are under way than the server's KV cache holds, each run coming back from a tool finds
+its prefix evicted by the others and the server computes it again, evicting the next
+one's: the cache thrashes. vLLM says how big its cache is (`vllm:cache_config_info`:
+`num_gpu_blocks` x `block_size`, read by `teola_adapters.server_load`), so Teola applies
+the agent runtime's rule (`teola_core.agents.admission`) to the runs' model calls: a run
+calls only while it is among the oldest runs whose contexts, summed, fit the cache; the
+others wait before their next call, never inside one, and go in as older runs end. The
+oldest run always may, and an idle server always takes the next run in line, so a cache
+too small for any one context never stops the work.
+
+A context's size is the call's prompt in tokens plus its answer. The server counts
+tokens, Teola sees text: the size is the prompt's characters times the tokens per
+character the server's own usage reports have shown so far (4 characters a token until
+the first answer), plus the mean answer length seen.
+
+    sets = WorkingSets()
+    await sets.call(server, kv_tokens, run="run3", rank=3, prompt_chars=41_000)  # at once, or when older runs make room
+    sets.done(server, "run3", prompt_chars=41_000, usage=(10_250, 640)); sets.leave("run3")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from teola_core.agents.admission import ProgramAdmission
+
+CHARS_PER_TOKEN = 4.0  # before the server's first usage report (English text, OpenAI-style tokenizers)
+
+
+@dataclass
+class TokenRate:
+    """Tokens per prompt character and answer tokens per call, from the server's usage reports."""
+
+    prompt_chars: int = 0
+    prompt_tokens: int = 0
+    answers: int = 0
+    answer_tokens: int = 0
+
+    def observe(self, prompt_chars: int, prompt_tokens: int, answer_tokens: int) -> None:
+        if prompt_chars > 0 and prompt_tokens > 0:
+            self.prompt_chars += prompt_chars
+            self.prompt_tokens += prompt_tokens
+        self.answers += 1
+        self.answer_tokens += max(0, answer_tokens)
+
+    def context_tokens(self, prompt_chars: int) -> int:
+        """The KV a call with a prompt of `prompt_chars` characters takes, prompt and answer."""
+        per_char = self.prompt_tokens / self.prompt_chars if self.prompt_chars else 1 / CHARS_PER_TOKEN
+        answer = self.answer_tokens / self.answers if self.answers else 0.0
+        return max(1, round(prompt_chars * per_char + answer))
+
+
+class ServerWorkingSet:
+    """One server's admitted runs (`ProgramAdmission` over its KV cache) and token rate."""
+
+    def __init__(self, kv_tokens: int) -> None:
+        self.kv_tokens = kv_tokens
+        self.admission = ProgramAdmission(kv_tokens)
+        self.rate = TokenRate()
+        self.waits = 0  # calls that waited for older runs to make room
+
+    async def call(self, run: str, *, rank: int, prompt_chars: int) -> None:
+        """Return when `run` may call (at once if its context fits beside the older runs')."""
+        self.admission.set_context(run, rank=rank, tokens=self.rate.context_tokens(prompt_chars))
+        if not self.admission.may_call(run):
+            self.waits += 1
+        await self.admission.call(run)
+
+    def describe(self) -> str:
+        admitted = self.admission.admitted()
+        return (
+            f"KV cache {self.kv_tokens} tokens: {len(admitted)} of {len(self.admission.rule.entries)} runs "
+            f"admitted, oldest first ({self.waits} calls waited for room)"
+        )
+
+
+class WorkingSets:
+    """The working sets of the servers one event loop's runs call (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._servers: dict[str, ServerWorkingSet] = {}
+
+    def at(self, server: str) -> ServerWorkingSet | None:
+        return self._servers.get(server)
+
+    async def call(self, server: str, kv_tokens: int, *, run: str, rank: int, prompt_chars: int) -> None:
+        """Wait until `run` may call `server`, whose KV cache holds `kv_tokens` tokens."""
+        working = self._servers.get(server)
+        if working is None or working.kv_tokens != kv_tokens:
+            previous = working
+            working = self._servers[server] = ServerWorkingSet(kv_tokens)
+            if previous is not None:  # the server was resized (restarted): keep what was learned
+                working.rate = previous.rate
+        await working.call(run, rank=rank, prompt_chars=prompt_chars)
+
+    def done(self, server: str, run: str, *, prompt_chars: int, usage: tuple[int, int] | None) -> None:
+        """One of `run`'s calls to `server` ended; `usage` (prompt, answer tokens) where reported."""
+        working = self._servers.get(server)
+        if working is None:
+            return
+        if usage is not None:
+            working.rate.observe(prompt_chars, *usage)
+        working.admission.done(run)
+
+    def leave(self, run: str) -> None:
+        """The run ended: its room goes to the next runs in line at every server."""
+        for working in self._servers.values():
+            working.admission.leave(run)
+
+    def describe(self) -> dict[str, str]:
+        return {server: working.describe() for server, working in self._servers.items()}
