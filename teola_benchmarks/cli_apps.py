@@ -143,7 +143,7 @@ def run_create_agents_bench(args: argparse.Namespace) -> int:
 
     if args.overhead or args.max_num_seqs is not None or args.rate is not None:
         raise SystemExit("teola bench: --langgraph create_agents takes --concurrency, --seed and --time-scale")
-    time_scale = 0.2 if args.time_scale is None else _app_time_scale(args)
+    time_scale = 0.5 if args.time_scale is None else _app_time_scale(args)
     agents = args.concurrency or 32
     with working(f"{agents} create_agent agents: LangGraph vs teola.optimize on a KV-short simulated server"):
         result = bench_create_agents(agents=agents, seed=args.seed, time_scale=time_scale)

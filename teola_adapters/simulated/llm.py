@@ -163,10 +163,13 @@ class SimLLM(Engine, KVRetention, KVPool):
         self.cache.expire(self.clock.now())
         return self.cache.holders()
 
-    def waiting_prefills(self) -> int:
-        """Prompts waiting to be prefilled (in pool mode: for room in the KV pool)."""
+    def waiting_for_room(self) -> int:
+        """Prompts that found no room in the KV pool at the last step (pool mode), not those
+        merely waiting for the next step."""
         st = self._state
-        return 0 if st is None else sum(1 for *_, job in st.waiting if not job.future.done())
+        if st is None or not st.room_short:
+            return 0
+        return sum(1 for *_, job in st.waiting if not job.future.done())
 
     def kv_capacity_tokens(self) -> int | None:
         return self.cache.capacity_blocks * self.cache.block_tokens if self.cache is not None else None
@@ -360,6 +363,7 @@ class SimLLM(Engine, KVRetention, KVPool):
         charge the cache."""
         admitted: list[PrefillJob] = []
         computed = 0
+        st.room_short = False
         if self.cache is not None and st.waiting:
             self.cache.expire(self.clock.now())
         while st.waiting:
@@ -389,6 +393,7 @@ class SimLLM(Engine, KVRetention, KVPool):
                     )
                     continue
                 self.stats.pool_waits += 1
+                st.room_short = True
                 break  # the head of the queue waits for room; nothing overtakes it
             heapq.heappop(st.waiting)
             recomputed = 0

@@ -106,6 +106,7 @@ class StepLoopState:
     arrivals: count[int] = field(default_factory=count)
     running: list[DecodeSequence] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    room_short: bool = False  # the last admission stopped for want of room in the KV pool
 
 
 def priority_of(value: Any) -> float:

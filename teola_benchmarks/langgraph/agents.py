@@ -1,4 +1,4 @@
-"""`teola bench --langgraph agents`: `create_agent` ReAct agents on a KV-short vLLM-like server.
+"""`teola bench --langgraph create_agents`: `create_agent` ReAct agents on a KV-short vLLM-like server.
 
     result = bench_create_agents(agents=32, seed=0)   # plain agent.ainvoke vs teola.optimize(agent)
 
@@ -8,17 +8,21 @@ tool calls and their durations, result sizes): the simulated vLLM-like server an
 each call with the trace's tool calls (`chat_script`, by the job named in the task and
 the turn reached) and its text; the tools wait the trace's durations (times
 `tool_time`) and return the trace's results. The server's KV cache is a pool of
-`pool_fraction` of the jobs' live contexts (the sum of their mean prompt lengths),
-shared by running requests and the prefix cache as in vLLM, and it says how big it is in
-`/metrics`. Teola is told nothing: `teola.optimize(agent)` reads the pool's size there.
+`pool_fraction` of the jobs' live contexts (the sum of their mean prompt lengths; at
+least the longest context), shared by running requests and the prefix cache as in
+vLLM, and it says how big it is in `/metrics`. Teola is told nothing:
+`teola.optimize(agent)` reads the cache's size there.
 
 The token sizes are the trace's divided by `shrink` (10 by default: 600 system tokens,
-~66 answer tokens a turn), so a run takes seconds on a 2-core host; the step costs are
-`AGENT_LLM`'s (an 8B model on an H100). The agents start within `spread_s` simulated
-seconds of each other in the trace's order. Both systems run the same jobs on the same
-server one after the other, the prefix cache emptied before each; every answer must be
-equal. Reported per system: mean and p95 job completion time (simulated seconds) and
-the prefill tokens the server computed again after evicting them.
+~66 answer tokens a turn), so 32 agents take minutes on a 2-core host; the step costs
+are `AGENT_LLM`'s (an 8B model on an H100). Client and server share one process: below
+a time scale of 0.5 their CPU work (tokenizing long prompts, LangChain's per-turn work)
+stretches simulated time, and the comparison with it. The agents start within
+`spread_s` simulated seconds of each other in the trace's order. The systems run the
+same jobs on the same server one after the other, the prefix cache emptied before each;
+every answer must be equal. Reported per system: mean and p95 job completion time
+(simulated seconds) and the prefill tokens the server computed again after evicting
+them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import teola
 from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_adapters.simulated.servers import SimServers
 from teola_adapters.simulated.servers.backend import ScriptedToolCall
+from teola_adapters.simulated.text import tokens_of
 from teola_benchmarks.agents.agent import system_block, tool_result, words
 from teola_benchmarks.agents.bench import AGENT_LLM, POOL_FRACTION
 from teola_benchmarks.agents.trace import AgentJob, Shape, ToolCall, make_jobs, mean_context_tokens
@@ -43,6 +48,7 @@ from teola_benchmarks.stats import percentile
 
 SYSTEMS = ("langgraph", "teola")
 TASK_MARK = "### Task of "
+TAG_TOKENS = 8  # per message, beyond its text: the chat template's role tag, the task's and answer's marks
 
 
 def shrunk_shape(shrink: float) -> Shape:
@@ -86,7 +92,9 @@ def task_message(job: AgentJob) -> str:
     return f"{TASK_MARK}{job.id}:\n" + words(job.task_seed, job.shape.task_tokens)
 
 
-def build_agent(base_url: str, script: AgentScript, shape: Shape, tool_seconds: float) -> Any:
+def build_agent(
+    base_url: str, script: AgentScript, shape: Shape, tool_seconds: float, middleware: Sequence[Any] = ()
+) -> Any:
     """LangChain's `create_agent` with the trace's two tools; `tool_seconds` real seconds per trace second."""
     from langchain.agents import create_agent
     from langchain_core.tools import StructuredTool
@@ -110,20 +118,23 @@ def build_agent(base_url: str, script: AgentScript, shape: Shape, tool_seconds: 
         base_url=base_url, api_key="x", model="sim-8b", temperature=0, max_tokens=shape.answer_tokens, max_retries=2
     )
     system = system_block(shape) + f"\nAnswer in about {shape.answer_tokens} words."
-    return create_agent(model, tools, system_prompt=system)
+    return create_agent(model, tools, system_prompt=system, middleware=list(middleware))
 
 
 def bench_create_agents(
     *,
     agents: int = 32,
     seed: int = 0,
-    time_scale: float = 0.2,
+    time_scale: float = 0.5,
     shrink: float = 10.0,
     tool_time: float = 0.1,
     pool_fraction: float = POOL_FRACTION,
     spread_s: float = 5.0,
+    middleware: bool = False,
 ) -> dict[str, Any]:
-    """Plain `agent.ainvoke` then `teola.optimize(agent).ainvoke` (see the module docstring)."""
+    """Plain `agent.ainvoke` then `teola.optimize(agent).ainvoke` (see the module docstring);
+    `middleware`: a third system, the agent built with `TeolaMiddleware` and optimized (its
+    model and tool calls on Teola's agent runtime)."""
     if agents < 1:
         raise ValueError(f"agents must be at least 1, got {agents}")
     if not pool_fraction > 0:
@@ -132,16 +143,25 @@ def bench_create_agents(
     jobs = make_jobs(agents, seed=seed, spread_s=spread_s, shape=shape)
     script = AgentScript({job.id: job for job in jobs})
     live = sum(mean_context_tokens(job) for job in jobs)
-    pool_tokens = max(round(pool_fraction * live), 2 * max(_last_context_tokens(job) for job in jobs))
+    # vLLM needs room for one whole context: a tenth more than the longest, for its answer and whole blocks
+    pool_tokens = max(round(pool_fraction * live), round(1.1 * max(_last_context_tokens(job) for job in jobs)))
     pool_tokens -= pool_tokens % BLOCK_TOKENS  # whole blocks, as the server reports it
     options = {"llm_profile": AGENT_LLM, "kv_cache_tokens": pool_tokens, "chat_script": script}
     with SimServers(time_scale=time_scale, **options) as servers:
         agent = build_agent(servers.base_url, script, shape, tool_time * time_scale)
         fast = teola.optimize(agent)
+        systems_run = {"langgraph": agent, "teola": fast}
+        if middleware:
+            from teola_langchain.agents import TeolaMiddleware
+
+            with_middleware = build_agent(servers.base_url, script, shape, tool_time * time_scale, [TeolaMiddleware()])
+            systems_run["teola_middleware"] = teola.optimize(with_middleware)
         try:
-            runs = asyncio.run(_measure(agent, fast, jobs, servers, time_scale))
+            runs = asyncio.run(_measure(systems_run, jobs, servers, time_scale))
         finally:
-            fast.close()
+            for name, system in systems_run.items():
+                if name != "langgraph":
+                    system.close()
         stats = servers.backend.llm.stats
     systems: dict[str, Any] = {}
     answers: dict[str, list[list[str]]] = {}
@@ -152,9 +172,10 @@ def bench_create_agents(
             "p95_s": percentile(latencies, 95),
             "recomputed_prefill_tokens": recomputed,
         }
-    if answers["teola"] != answers["langgraph"]:
-        first = next(i for i, (a, b) in enumerate(zip(answers["langgraph"], answers["teola"], strict=True)) if a != b)
-        raise AnswerMismatch(f"create_agent job {jobs[first].id}: teola.optimize answered differently from the agent")
+    for name, outputs in answers.items():
+        if outputs != answers["langgraph"]:
+            first = next(i for i, (a, b) in enumerate(zip(answers["langgraph"], outputs, strict=True)) if a != b)
+            raise AnswerMismatch(f"create_agent job {jobs[first].id}: {name} answered differently from the agent")
     plain, teola_ = systems["langgraph"], systems["teola"]
     return {
         "agents": agents,
@@ -166,12 +187,17 @@ def bench_create_agents(
         "systems": systems,
         "speedup_mean": plain["mean_s"] / teola_["mean_s"],
         "speedup_p95": plain["p95_s"] / teola_["p95_s"],
+        **(
+            {"speedup_mean_middleware": plain["mean_s"] / systems["teola_middleware"]["mean_s"]}
+            if "teola_middleware" in systems
+            else {}
+        ),
         "explain": fast.explain(),
     }
 
 
 async def _measure(
-    agent: Any, fast: Any, jobs: Sequence[AgentJob], servers: SimServers, time_scale: float
+    systems: dict[str, Any], jobs: Sequence[AgentJob], servers: SimServers, time_scale: float
 ) -> dict[str, tuple[list[float], list[list[str]], int]]:
     """Each system in turn on an emptied prefix cache: latencies (simulated s), answers, recomputed tokens."""
     import httpx
@@ -185,7 +211,7 @@ async def _measure(
 
     results = {}
     async with httpx.AsyncClient() as admin:
-        for name, system in (("langgraph", agent), ("teola", fast)):
+        for name, system in systems.items():
             (await admin.post(f"{servers.root_url}/reset_prefix_cache")).raise_for_status()
             before = servers.backend.llm.stats.recomputed_tokens  # read between runs: the server is idle
             began = time.perf_counter()
@@ -196,10 +222,13 @@ async def _measure(
 
 
 def _last_context_tokens(job: AgentJob) -> int:
-    """The job's last prompt and answer, in words (a vLLM cache holds at least one whole context)."""
+    """The job's last prompt and answer in the simulated tokenizer's tokens (words; a vLLM
+    cache holds at least one whole context): its texts, and a few for each message's tags."""
     s = job.shape
-    turns = sum(s.answer_tokens + sum(c.result_tokens for c in turn) for turn in job.turns)
-    return s.system_tokens + s.task_tokens + turns + 2 * s.answer_tokens
+    results = sum(len(tokens_of(tool_result(call))) for turn in job.turns for call in turn)
+    messages = 3 + sum(1 + len(turn) for turn in job.turns)  # system, task, answers, tool results
+    texts = len(tokens_of(system_block(s))) + s.task_tokens + results + (len(job.turns) + 1) * s.answer_tokens
+    return texts + TAG_TOKENS * messages
 
 
 def _text(message: Any) -> str:

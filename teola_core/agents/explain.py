@@ -13,7 +13,8 @@ from pathlib import Path
 
 from teola_core.agents.host import AgentFeatures
 from teola_core.agents.program import Program, ProgramStats
-from teola_core.engines.protocol import EngineSet
+from teola_core.engines.protocol import Engine, EngineSet
+from teola_core.engines.retention import KVPool
 from teola_core.explain import file_name, mermaid, section
 from teola_core.ir.draw import draw_graph
 
@@ -33,6 +34,13 @@ class AgentRecord:
         self.last = program
 
 
+def _engine_line(name: str, engine: Engine) -> str:
+    """An engine, and the KV pool programs are admitted against where it reports one."""
+    capacity = engine.kv_capacity_tokens() if isinstance(engine, KVPool) else None
+    pool = f" (KV pool {capacity} tokens: programs admitted by KV working set)" if capacity else ""
+    return f"- {name}: {type(engine).__name__}{pool}"
+
+
 def agent_sections(
     name: str,
     features: AgentFeatures,
@@ -50,7 +58,7 @@ def agent_sections(
     out = [
         f"Teola plan for the agent {name!r}\n",
         section("agent runtime", runtime),
-        section("engines", "\n".join(f"- {n}: {type(e).__name__}" for n, e in engines.engines.items()) or "- none"),
+        section("engines", "\n".join(_engine_line(n, e) for n, e in engines.engines.items()) or "- none"),
         section(f"runs ({record.runs} ended)", "\n".join(f"- {k}: {v}" for k, v in asdict(record.totals).items())),
     ]
     if record.last is not None:

@@ -4,7 +4,9 @@ Its calls are the agent's own model calls (the middleware `handler`). The agent'
 is opaque to Teola (a framework object, no `KVRetention`), so KV holds do not apply to
 it; priority applies once `model_concurrency` calls are running, or, for a langchain-openai
 model on a vLLM-like server, once the server runs what it can (`load_watch`: the server is
-found at the first call, `teola_adapters.server_load.ServerFoundLater`).
+found at the first call, `teola_adapters.server_load.ServerFoundLater`). Where that server
+says how big its KV cache is, the engine is a `KVPool` of that size: the agent runtime
+then admits programs by KV working set (`teola_core.agents.admission`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from langchain.agents.middleware import ModelRequest
 from teola_adapters.server_load import ServerFoundLater
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits
+from teola_core.engines.retention import KVPool
 from teola_langchain.prefix_warmup import server_root
+from teola_langchain.program_order.working_set import TokenRate, message_usage, messages_chars
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,15 @@ class AgentModelCall:
     run: Callable[[], Awaitable[Any]]
 
 
-class AgentModelEngine(OpaqueModelEngine):
+class AgentModelEngine(OpaqueModelEngine, KVPool):
     """Runs an agent's model calls: decode awaits the call's `run()` (the middleware handler).
 
     One call per batch: each call is the agent's own model invocation, which has no
     batch API (as `LangChainLLMEngine`); `concurrency` bounds the calls running at once,
-    beyond which the scheduler picks by program priority.
+    beyond which the scheduler picks by program priority. On a server that reports its
+    KV cache's size the engine is a `KVPool` of that size, so the agent runtime admits
+    programs by KV working set there; a prompt's tokens are its characters at the
+    tokens per character the server's usage reports have shown.
     """
 
     def __init__(self, name: str, concurrency: int, load_watch: ServerFoundLater | None = None) -> None:
@@ -43,6 +50,7 @@ class AgentModelEngine(OpaqueModelEngine):
         self.name = name
         self.limits = EngineLimits(concurrency=concurrency, max_batch_items=1)
         self.load_watch = load_watch
+        self.rate = TokenRate()
 
     async def generate(self, call: Call, prompt: Any) -> Any:
         if not isinstance(prompt, AgentModelCall):
@@ -50,7 +58,29 @@ class AgentModelEngine(OpaqueModelEngine):
         watch = self.load_watch
         if watch is not None and watch.watch is None and (root := server_root(prompt.request.model)) is not None:
             watch.found(root)
-        return await prompt.run()
+        response = await prompt.run()
+        usage = next((u for m in getattr(response, "result", ()) if (u := message_usage(m)) is not None), None)
+        if usage is not None:
+            self.rate.observe(request_chars(prompt.request), *usage)
+        return response
+
+    # -- KVPool ----------------------------------------------------------------------------
+    def kv_capacity_tokens(self) -> int | None:
+        """The KV cache of the model's server, once a reading has said (None before, or elsewhere)."""
+        watch = self.load_watch
+        readings = [calls.last for calls in watch.attached] if watch is not None else []
+        return next((r.kv_tokens for r in readings if r is not None and r.kv_tokens), None)
+
+    def count_tokens(self, text: Any) -> int | None:
+        if not isinstance(text, AgentModelCall):
+            return None
+        return self.rate.prompt_tokens_of(request_chars(text.request))
+
+
+def request_chars(request: ModelRequest) -> int:
+    """The characters of a model request's prompt: its system message and messages."""
+    system = [request.system_message] if request.system_message is not None else []
+    return messages_chars([*system, *request.messages])
 
 
 __all__ = ["AgentModelCall", "AgentModelEngine"]

@@ -46,6 +46,7 @@ from teola_adapters.server_load import root_of
 from teola_core.runtime.per_loop import running_loop
 from teola_langchain.configure_hooks import holding
 from teola_langchain.program_order.admission import AUTO, HeldCall, ModelAdmission
+from teola_langchain.program_order.working_set import message_usage, messages_chars
 
 T = TypeVar("T")
 CURRENT_GATE: ContextVar[RunCalls | None] = ContextVar("teola_langgraph_gate", default=None)
@@ -158,14 +159,8 @@ class RunGate(RunCalls):
 
 
 def chat_prompt_chars(messages: Any) -> int:
-    """The characters of a chat call's prompt (`on_chat_model_start`'s message lists): each
-    message's content and tool calls, what the server's chat template renders."""
-    chars = 0
-    for batch in messages if isinstance(messages, list) else ():
-        for message in batch:
-            chars += len(str(getattr(message, "content", "") or ""))
-            chars += sum(len(str(call)) for call in getattr(message, "tool_calls", None) or ())
-    return chars
+    """The characters of a chat call's prompt (`on_chat_model_start`'s message lists)."""
+    return sum(messages_chars(batch) for batch in messages) if isinstance(messages, list) else 0
 
 
 def reported_usage(response: Any) -> tuple[int, int] | None:
@@ -173,9 +168,9 @@ def reported_usage(response: Any) -> tuple[int, int] | None:
     message's `usage_metadata`, else the OpenAI-style `token_usage` of `llm_output`."""
     for generations in getattr(response, "generations", None) or ():
         for generation in generations:
-            usage = getattr(getattr(generation, "message", None), "usage_metadata", None)
-            if usage:
-                return int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+            usage = message_usage(getattr(generation, "message", None))
+            if usage is not None:
+                return usage
     token_usage = (getattr(response, "llm_output", None) or {}).get("token_usage") or {}
     if token_usage.get("prompt_tokens"):
         return int(token_usage["prompt_tokens"]), int(token_usage.get("completion_tokens", 0))

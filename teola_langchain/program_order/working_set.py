@@ -23,7 +23,9 @@ the first answer), plus the mean answer length seen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from teola_core.agents.admission import ProgramAdmission
 
@@ -46,11 +48,33 @@ class TokenRate:
         self.answers += 1
         self.answer_tokens += max(0, answer_tokens)
 
+    def prompt_tokens_of(self, prompt_chars: int) -> int:
+        """A prompt of `prompt_chars` characters, in the server's tokens."""
+        per_char = self.prompt_tokens / self.prompt_chars if self.prompt_chars else 1 / CHARS_PER_TOKEN
+        return max(1, round(prompt_chars * per_char))
+
     def context_tokens(self, prompt_chars: int) -> int:
         """The KV a call with a prompt of `prompt_chars` characters takes, prompt and answer."""
-        per_char = self.prompt_tokens / self.prompt_chars if self.prompt_chars else 1 / CHARS_PER_TOKEN
         answer = self.answer_tokens / self.answers if self.answers else 0.0
-        return max(1, round(prompt_chars * per_char + answer))
+        return round(self.prompt_tokens_of(prompt_chars) + answer)
+
+
+def messages_chars(messages: Iterable[Any]) -> int:
+    """The characters of a chat prompt: each message's content and tool calls, what the
+    server's chat template renders."""
+    chars = 0
+    for message in messages:
+        chars += len(str(getattr(message, "content", "") or ""))
+        chars += sum(len(str(call)) for call in getattr(message, "tool_calls", None) or ())
+    return chars
+
+
+def message_usage(message: Any) -> tuple[int, int] | None:
+    """The prompt and answer tokens a chat answer reports (`usage_metadata`), if any."""
+    usage = getattr(message, "usage_metadata", None)
+    if not usage:
+        return None
+    return int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
 
 
 class ServerWorkingSet:

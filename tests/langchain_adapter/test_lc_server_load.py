@@ -120,3 +120,41 @@ def test_an_agent_with_the_middleware_learns_its_models_server_at_the_first_call
     assert calls.vllm and calls.limit.capacity == 2 and calls.held_total > 0
     fixed = teola.optimize(create_agent(llm, [], middleware=[TeolaMiddleware()]), model_concurrency=4)
     assert fixed.engines.engines[fixed.engine_name].load_watch is None  # a bound given is kept
+
+
+def test_an_agent_with_the_middleware_is_admitted_by_the_kv_cache_its_server_reports() -> None:
+    """On a server that says how big its KV cache is, the agent's model engine is a `KVPool`
+    of that size, with prompts counted at the server's own tokens per character: the agent
+    runtime admits programs by KV working set there, and answers stay the plain agent's."""
+    from langchain.agents import create_agent
+
+    from teola_langchain.agents import TeolaMiddleware
+
+    with SimServers(time_scale=0.05, kv_cache_tokens=4_096) as servers:
+        llm, _ = openai_models(servers.base_url, max_tokens=16)
+        agent = create_agent(llm, [], middleware=[TeolaMiddleware()])
+        fast = teola.optimize(agent)
+        engine = fast.engines.engines[fast.engine_name]
+
+        async def contents(app: Any) -> list[list[str]]:
+            runs = [app.ainvoke({"messages": [("user", f"topic {i} " + "word " * 40)]}) for i in range(6)]
+            return [[str(m.content) for m in out["messages"]] for out in await asyncio.gather(*runs)]
+
+        async def scenario() -> tuple[list[list[str]], list[list[str]], Any]:
+            plain = await contents(agent)
+            optimized = await contents(fast)  # the server is found and read
+            (calls,) = engine.load_watch.attached
+            await calls.settled()
+            optimized = await contents(fast)  # now admitted by the server's KV cache
+            assert "(KV pool 4096 tokens: programs admitted by KV working set)" in fast.explain()
+            return plain, optimized, fast.runtime().admission(fast.engine_name)
+
+        try:
+            plain, optimized, admission = asyncio.run(asyncio.wait_for(scenario(), 120))
+        finally:
+            fast.close()
+    assert optimized == plain
+    assert engine.kv_capacity_tokens() == 4_096 and admission is not None and admission.limit_tokens == 4_096
+    assert engine.rate.prompt_tokens > 0  # learned from the server's usage reports
+    text = f"topic 0 {'word ' * 40}"  # 42 of the simulated tokenizer's tokens (words), 4 by OpenAI's rule of thumb
+    assert 42 <= engine.rate.prompt_tokens_of(len(text)) <= 60

@@ -85,7 +85,7 @@ async def metrics(request: Request) -> Any:
     blocks = f',num_gpu_blocks="{cache.capacity_blocks}"' if cache is not None and b.kv_cache_tokens is not None else ""
     labels = 'model_name="sim"'
     # with a KV pool, a request waiting for room in it is waiting, as in vLLM
-    for_room = b.llm.waiting_prefills() if b.kv_cache_tokens is not None else 0
+    for_room = b.llm.waiting_for_room() if b.kv_cache_tokens is not None else 0
     running, waiting = b.llm_slots.running_count - for_room, b.llm_slots.waiting_count + for_room
     lines = [
         "# TYPE vllm:num_requests_running gauge",
