@@ -154,6 +154,12 @@ class ServerFoundLater:
                 self.watch.attach(runtime, engine)
 
 
+def reported_kv_tokens(watch: ServerLoadWatch | ServerFoundLater | None) -> int | None:
+    """The KV cache size a watched server reported (None before a reading, or where it does not say)."""
+    attached = watch.attached if watch is not None else ()
+    return next((c.last.kv_tokens for c in attached if c.last is not None and c.last.kv_tokens), None)
+
+
 class ServerCalls:
     """One server's model calls on one event loop: in flight, held, and the learned limit.
 

@@ -28,9 +28,12 @@ from llama_index.core.memory import BaseMemory
 from llama_index.core.tools import AsyncBaseTool, ToolOutput
 from llama_index.core.workflow import Context, StopEvent
 
+from teola_adapters.server_load import ServerLoadWatch, reported_kv_tokens
 from teola_core.agents import AgentDropIn, AgentFeatures, Program
+from teola_core.agents.token_rate import TokenRate
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, LoadWatch
+from teola_core.engines.retention import KVPool
 from teola_core.ir.errors import PrimitiveError
 from teola_core.runtime.backends import DEFAULT_BACKEND
 from teola_llamaindex.common import unwrap_error
@@ -48,10 +51,12 @@ def is_workflow_agent(obj: object) -> bool:
 
 @dataclass(frozen=True)
 class AgentCall:
-    """One model call of the agent: its own code, run by the engine in the step's context."""
+    """One model call of the agent: its own code, run by the engine in the step's context;
+    `prompt_chars`, the characters of the messages it sends (0: not known)."""
 
     run: Callable[[], Awaitable[Any]]
     context: contextvars.Context
+    prompt_chars: int = 0
 
     async def __call__(self) -> Any:
         # A task of its own so the step's context is current (see the module docstring);
@@ -59,12 +64,15 @@ class AgentCall:
         return await asyncio.get_running_loop().create_task(self.run(), context=self.context)
 
 
-class AgentModelEngine(OpaqueModelEngine):
+class AgentModelEngine(OpaqueModelEngine, KVPool):
     """The agent's LLM as an engine: a decode awaits the agent's own call (`AgentCall`).
 
     load_watch: for an LLM on a vLLM-like server (`prefix_warmup.load_watch_for`), the
     calls in flight follow what the server runs at once, the rest wait here in program
-    priority order (the agent runtime's rule).
+    priority order (the agent runtime's rule). Where that server also reports its KV
+    cache's size, the engine is a `KVPool` of that size: the agent runtime admits
+    programs by KV working set, a prompt counted at the server's tokens per character
+    (learned from the answers' usage where the LLM returns it).
     """
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)  # a batch is one request to the model
@@ -72,11 +80,42 @@ class AgentModelEngine(OpaqueModelEngine):
     def __init__(self, name: str, load_watch: LoadWatch | None = None) -> None:
         self.name = name
         self.load_watch = load_watch
+        self.rate = TokenRate()
 
     async def generate(self, call: Call, prompt: Any) -> Any:
         if not isinstance(prompt, AgentCall):
             raise TypeError(f"{self.name} runs agent calls, got {type(prompt).__name__}")
-        return await prompt()
+        output = await prompt()
+        usage = reported_usage(getattr(output, "raw", None))
+        if usage is not None and prompt.prompt_chars:
+            self.rate.observe(prompt.prompt_chars, *usage)
+        return output
+
+    # -- KVPool ----------------------------------------------------------------------------
+    def kv_capacity_tokens(self) -> int | None:
+        """The KV cache of the LLM's server, once a reading has said (None before, or elsewhere)."""
+        watch = self.load_watch
+        return reported_kv_tokens(watch) if isinstance(watch, ServerLoadWatch) else None
+
+    def count_tokens(self, text: Any) -> int | None:
+        if not isinstance(text, AgentCall) or not text.prompt_chars:
+            return None
+        return self.rate.prompt_tokens_of(text.prompt_chars)
+
+
+def prompt_chars(messages: Sequence[ChatMessage]) -> int:
+    """The characters of the messages a model call sends: their text and tool calls."""
+    return sum(len(m.content or "") + len(str(m.additional_kwargs.get("tool_calls") or "")) for m in messages)
+
+
+def reported_usage(raw: Any) -> tuple[int, int] | None:
+    """Prompt and answer tokens from an LLM's raw answer (an OpenAI completion or its dict), if it has them."""
+    usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
+    if isinstance(usage, Mapping):
+        prompt, answer = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        prompt, answer = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    return (prompt, answer or 0) if isinstance(prompt, int) and prompt > 0 else None
 
 
 class _ToolFailed(Exception):
@@ -101,7 +140,7 @@ class _TeolaHooks:
         self, ctx: Context, llm_input: list[ChatMessage], tools: Sequence[AsyncBaseTool], memory: BaseMemory
     ) -> AgentOutput:
         own = super().take_step  # type: ignore[misc]
-        return await self._teola._generate(lambda: own(ctx, llm_input, tools, memory))
+        return await self._teola._generate(lambda: own(ctx, llm_input, tools, memory), prompt_chars(llm_input))
 
     async def _generate_early_stopping_response(self, ctx: Context, max_iterations: int) -> StopEvent:
         own = super()._generate_early_stopping_response  # type: ignore[misc]
@@ -207,8 +246,8 @@ class TeolaAgent(AgentDropIn):
             )
         return program
 
-    async def _generate(self, run: Callable[[], Awaitable[Any]]) -> Any:
-        call = AgentCall(run, contextvars.copy_context())
+    async def _generate(self, run: Callable[[], Awaitable[Any]], chars: int = 0) -> Any:
+        call = AgentCall(run, contextvars.copy_context(), chars)
         try:
             return await self._current().generate(call, engine=self.engine, max_tokens=self.max_tokens)
         except PrimitiveError as exc:

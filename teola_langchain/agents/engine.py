@@ -17,12 +17,13 @@ from typing import Any
 
 from langchain.agents.middleware import ModelRequest
 
-from teola_adapters.server_load import ServerFoundLater
+from teola_adapters.server_load import ServerFoundLater, reported_kv_tokens
+from teola_core.agents.token_rate import TokenRate
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits
 from teola_core.engines.retention import KVPool
 from teola_langchain.prefix_warmup import server_root
-from teola_langchain.program_order.working_set import TokenRate, message_usage, messages_chars
+from teola_langchain.program_order.working_set import message_usage, messages_chars
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,7 @@ class AgentModelEngine(OpaqueModelEngine, KVPool):
     # -- KVPool ----------------------------------------------------------------------------
     def kv_capacity_tokens(self) -> int | None:
         """The KV cache of the model's server, once a reading has said (None before, or elsewhere)."""
-        watch = self.load_watch
-        readings = [calls.last for calls in watch.attached] if watch is not None else []
-        return next((r.kv_tokens for r in readings if r is not None and r.kv_tokens), None)
+        return reported_kv_tokens(self.load_watch)
 
     def count_tokens(self, text: Any) -> int | None:
         if not isinstance(text, AgentModelCall):

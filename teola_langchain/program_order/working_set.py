@@ -24,39 +24,12 @@ the first answer), plus the mean answer length seen.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from teola_core.agents.admission import ProgramAdmission
+from teola_core.agents.token_rate import CHARS_PER_TOKEN, TokenRate
 
-CHARS_PER_TOKEN = 4.0  # before the server's first usage report (English text, OpenAI-style tokenizers)
-
-
-@dataclass
-class TokenRate:
-    """Tokens per prompt character and answer tokens per call, from the server's usage reports."""
-
-    prompt_chars: int = 0
-    prompt_tokens: int = 0
-    answers: int = 0
-    answer_tokens: int = 0
-
-    def observe(self, prompt_chars: int, prompt_tokens: int, answer_tokens: int) -> None:
-        if prompt_chars > 0 and prompt_tokens > 0:
-            self.prompt_chars += prompt_chars
-            self.prompt_tokens += prompt_tokens
-        self.answers += 1
-        self.answer_tokens += max(0, answer_tokens)
-
-    def prompt_tokens_of(self, prompt_chars: int) -> int:
-        """A prompt of `prompt_chars` characters, in the server's tokens."""
-        per_char = self.prompt_tokens / self.prompt_chars if self.prompt_chars else 1 / CHARS_PER_TOKEN
-        return max(1, round(prompt_chars * per_char))
-
-    def context_tokens(self, prompt_chars: int) -> int:
-        """The KV a call with a prompt of `prompt_chars` characters takes, prompt and answer."""
-        answer = self.answer_tokens / self.answers if self.answers else 0.0
-        return round(self.prompt_tokens_of(prompt_chars) + answer)
+__all__ = ["CHARS_PER_TOKEN", "ServerWorkingSet", "TokenRate", "WorkingSets", "message_usage", "messages_chars"]
 
 
 def messages_chars(messages: Iterable[Any]) -> int:

@@ -116,3 +116,53 @@ def test_an_agent_on_a_vllm_like_server_has_its_load_watched() -> None:
     elsewhere = teola.optimize(ReActAgent(tools=[], llm=MockLLM()))
     assert isinstance(on_server.engines.engines[on_server.engine].load_watch, ServerLoadWatch)
     assert elsewhere.engines.engines[elsewhere.engine].load_watch is None
+
+
+def test_an_agent_on_a_server_that_reports_its_kv_cache_is_admitted_by_it() -> None:
+    """A `FunctionAgent` whose `OpenAILike` LLM calls a vLLM-like server with a KV cache of
+    4,096 tokens: once the server is read, the agent's model engine is a `KVPool` of that
+    size (the agent runtime admits programs against it), and answers stay the plain agent's."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+
+    from teola_adapters.simulated.servers.backend import ScriptedToolCall
+
+    def script(messages: Any) -> list[ScriptedToolCall] | None:
+        asked = [m for m in messages if m.get("role") == "tool"]
+        return None if asked else [ScriptedToolCall("lookup", {"key": str(messages[-1].get("content"))[:12]})]
+
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"value of {key}"
+
+    with SimServers(time_scale=0.05, kv_cache_tokens=4_096, chat_script=script) as servers:
+        llm = openai_like.OpenAILike(
+            model="sim",
+            api_base=servers.base_url,
+            api_key="x",
+            is_chat_model=True,
+            is_function_calling_model=True,
+            max_tokens=16,
+        )
+        agent = FunctionAgent(tools=[FunctionTool.from_defaults(lookup)], llm=llm)
+        fast = teola.optimize(agent)
+        engine = fast.engines.engines[fast.engine]
+
+        async def answers(app: Any) -> list[str]:
+            outs = await asyncio.gather(*(app.run(user_msg=f"topic {i}") for i in range(4)))
+            return [str(out.response.content) for out in outs]
+
+        async def scenario() -> tuple[list[str], list[str], Any]:
+            plain = await answers(agent)
+            optimized = await answers(fast)  # the server is read
+            for calls in engine.load_watch.attached:
+                await calls.settled()
+            optimized = await answers(fast)
+            return plain, optimized, fast.runtime().admission(fast.engine)
+
+        try:
+            plain, optimized, admission = asyncio.run(asyncio.wait_for(scenario(), 120))
+        finally:
+            fast.close()
+    assert optimized == plain
+    assert engine.kv_capacity_tokens() == 4_096 and admission is not None and admission.limit_tokens == 4_096
