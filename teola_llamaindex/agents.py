@@ -30,7 +30,7 @@ from llama_index.core.workflow import Context, StopEvent
 
 from teola_adapters.server_load import ServerLoadWatch, reported_kv_tokens
 from teola_core.agents import AgentDropIn, AgentFeatures, Program
-from teola_core.agents.token_rate import TokenRate
+from teola_core.agents.token_rate import TokenRate, openai_usage
 from teola_core.engines.opaque_llm import OpaqueModelEngine
 from teola_core.engines.protocol import Call, EngineLimits, LoadWatch
 from teola_core.engines.retention import KVPool
@@ -110,12 +110,7 @@ def prompt_chars(messages: Sequence[ChatMessage]) -> int:
 
 def reported_usage(raw: Any) -> tuple[int, int] | None:
     """Prompt and answer tokens from an LLM's raw answer (an OpenAI completion or its dict), if it has them."""
-    usage = raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None)
-    if isinstance(usage, Mapping):
-        prompt, answer = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    else:
-        prompt, answer = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
-    return (prompt, answer or 0) if isinstance(prompt, int) and prompt > 0 else None
+    return openai_usage(raw.get("usage") if isinstance(raw, Mapping) else getattr(raw, "usage", None))
 
 
 class _ToolFailed(Exception):

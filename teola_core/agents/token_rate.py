@@ -12,7 +12,9 @@ characters a token (English text on OpenAI-style tokenizers).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CHARS_PER_TOKEN = 4.0  # before the server's first usage report (English text, OpenAI-style tokenizers)
 
@@ -42,3 +44,13 @@ class TokenRate:
         """The KV a call with a prompt of `prompt_chars` characters takes, prompt and answer."""
         answer = self.answer_tokens / self.answers if self.answers else 0.0
         return round(self.prompt_tokens_of(prompt_chars) + answer)
+
+
+def openai_usage(usage: Any) -> tuple[int, int] | None:
+    """Prompt and answer tokens from an OpenAI-style `usage` (an object or a dict with
+    `prompt_tokens` and `completion_tokens`), if it reports a prompt."""
+    if isinstance(usage, Mapping):
+        prompt, answer = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        prompt, answer = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    return (prompt, answer or 0) if isinstance(prompt, int) and prompt > 0 else None

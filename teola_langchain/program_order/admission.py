@@ -173,14 +173,14 @@ class ModelAdmission:
             gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate
         kv_tokens = calls.last.kv_tokens if calls is not None and calls.last is not None else None
-        if not (kv_tokens and run is not None and server is not None):
-            await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
-            return
-        await self.working_sets.call(server, kv_tokens, run=run, rank=rank, prompt_chars=prompt_chars)
+        working = bool(kv_tokens) and run is not None and server is not None
+        if working:
+            await self.working_sets.call(server, kv_tokens, run=run, rank=rank, prompt_chars=prompt_chars)
         try:
             await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
         finally:
-            self.working_sets.done(server, run, prompt_chars=prompt_chars, usage=held.usage)
+            if working:
+                self.working_sets.done(server, run, prompt_chars=prompt_chars, usage=held.usage)
 
     def leave(self, run: str) -> None:
         """The run ended: the room its context took at the servers goes to the next runs."""

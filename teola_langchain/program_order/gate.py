@@ -43,6 +43,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.context import register_configure_hook
 
 from teola_adapters.server_load import root_of
+from teola_core.agents.token_rate import openai_usage
 from teola_core.runtime.per_loop import running_loop
 from teola_langchain.configure_hooks import holding
 from teola_langchain.program_order.admission import AUTO, HeldCall, ModelAdmission
@@ -171,10 +172,7 @@ def reported_usage(response: Any) -> tuple[int, int] | None:
             usage = message_usage(getattr(generation, "message", None))
             if usage is not None:
                 return usage
-    token_usage = (getattr(response, "llm_output", None) or {}).get("token_usage") or {}
-    if token_usage.get("prompt_tokens"):
-        return int(token_usage["prompt_tokens"]), int(token_usage.get("completion_tokens", 0))
-    return None
+    return openai_usage((getattr(response, "llm_output", None) or {}).get("token_usage"))
 
 
 def model_engine(serialized: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None) -> str:

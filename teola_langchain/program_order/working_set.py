@@ -27,9 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from teola_core.agents.admission import ProgramAdmission
-from teola_core.agents.token_rate import CHARS_PER_TOKEN, TokenRate
-
-__all__ = ["CHARS_PER_TOKEN", "ServerWorkingSet", "TokenRate", "WorkingSets", "message_usage", "messages_chars"]
+from teola_core.agents.token_rate import TokenRate
 
 
 def messages_chars(messages: Iterable[Any]) -> int:
@@ -106,6 +104,3 @@ class WorkingSets:
         """The run ended: its room goes to the next runs in line at every server."""
         for working in self._servers.values():
             working.admission.leave(run)
-
-    def describe(self) -> dict[str, str]:
-        return {server: working.describe() for server, working in self._servers.items()}

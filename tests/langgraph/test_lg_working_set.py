@@ -13,7 +13,8 @@ import asyncio
 
 import pytest
 
-from teola_langchain.program_order.working_set import CHARS_PER_TOKEN, TokenRate, WorkingSets
+from teola_core.agents.token_rate import CHARS_PER_TOKEN, TokenRate
+from teola_langchain.program_order.working_set import WorkingSets
 
 
 def test_a_context_is_its_characters_at_the_servers_tokens_per_character_plus_the_mean_answer() -> None:
