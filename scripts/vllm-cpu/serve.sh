@@ -4,7 +4,8 @@
 # Usage: bash scripts/vllm-cpu/serve.sh [PORT] [VENV_DIR] [MODEL_DIR]
 #   PORT default 8011; writes the server's PID to $STATE_DIR/vllm-PORT.pid and its log to
 #   $STATE_DIR/vllm-PORT.log (STATE_DIR default /tmp/teola-vllm). Stop it with stop.sh.
-# Env: SERVED_MODEL_NAME (default smollm2), START_TIMEOUT_S (default 300).
+# Env: SERVED_MODEL_NAME (default smollm2), START_TIMEOUT_S (default 300), MAX_MODEL_LEN
+# (default 2048), VLLM_EXTRA_ARGS (more `api_server` options); vLLM's own variables pass through.
 set -euo pipefail
 
 PORT="${1:-8011}"
@@ -29,13 +30,16 @@ fi
 
 # KV cache 2 GiB; reserve no core for vLLM's own threads (else it takes one of our two);
 # eager mode: 28 s start-up instead of 96 s of torch.compile.
+# MAX_MODEL_LEN (default 2048) and VLLM_EXTRA_ARGS (more server options, split on spaces)
+# serve the benchmarks' settings, e.g. the agents bench's small KV cache.
 start=$(date +%s)
+read -r -a extra_args <<<"${VLLM_EXTRA_ARGS:-}"
 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
   nohup "$VENV_DIR/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$MODEL_DIR" --served-model-name "$SERVED_MODEL_NAME" \
   --host 127.0.0.1 --port "$PORT" --dtype float32 \
-  --enable-prefix-caching --max-model-len 2048 --enforce-eager \
-  >"$LOG_FILE" 2>&1 &
+  --enable-prefix-caching --max-model-len "${MAX_MODEL_LEN:-2048}" --enforce-eager \
+  "${extra_args[@]}" >"$LOG_FILE" 2>&1 &
 pid=$!
 echo "$pid" >"$PID_FILE"
 

@@ -194,15 +194,16 @@ async def _ainvoke_naming_failed_step(runnable: Any, value: Any) -> Any:
 
 
 def _typed_dict_schema(graph: Any) -> type[BaseModel] | None:
-    """The input fields of a `StateGraph` whose input state is a `typing.TypedDict` (values
-    not checked: the graph checks them as it runs)."""
+    """The input fields of a `StateGraph` whose input state is a `typing.TypedDict`, each
+    optional: LangGraph takes any part of such a state as input (a run's input is an update
+    of the state's channels; the nodes read what they need). Values are not checked here:
+    the graph checks them as it runs."""
     from langgraph.graph.state import CompiledStateGraph
 
     source = graph.builder.input_schema if isinstance(graph, CompiledStateGraph) else None
     if not (isinstance(source, type) and is_typeddict(source)):
         return None
-    required = source.__required_keys__
-    fields: dict[str, Any] = {key: (Any, ... if key in required else None) for key in get_type_hints(source)}
+    fields: dict[str, Any] = {key: (Any, None) for key in get_type_hints(source)}
     return create_model(f"{graph.get_name()}Input", **fields)
 
 

@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 from teola_adapters import _llm as llm_helpers
 from teola_adapters._llm import DECODES, LLM_KINDS, PREFILLS, decode_outputs, own_handle, prompt_text
 from teola_adapters._profiles import ProfileSource, load_profile
+from teola_adapters.server_priority import call_priority
 from teola_adapters.vllm_local.dependency import import_vllm
 from teola_adapters.vllm_local.errors import VLLMLocalError, brief
 from teola_adapters.vllm_local.request_settings import (
     cache_salt,
-    call_priority,
     model_sampling_defaults,
     sampling_settings,
     vllm_prompt,

@@ -1,5 +1,5 @@
-"""A call as a vLLM request: the prompt dict, the sampling settings from the node's config,
-the prefix-cache salt and the priority.
+"""A call as a vLLM request: the prompt dict, the sampling settings from the node's config
+and the prefix-cache salt (its priority: `teola_adapters.server_priority.call_priority`).
 
 Unset sampling fields take the model's generation-config defaults, as vLLM's OpenAI server
 does (a request's own value, else the model's default, else vLLM's).
@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from teola_adapters._llm import stop_list
-from teola_core.engines.protocol import Call
 
 # Sampling fields the node config may set, and those the model's generation config may default.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty")
@@ -47,11 +46,3 @@ def vllm_prompt(prompt: str | list[int], salt: str | None) -> dict[str, Any]:
 def cache_salt(config: Mapping[str, Any]) -> str | None:
     salt = config.get("cache_salt")
     return None if salt is None else str(salt)
-
-
-def call_priority(call: Call) -> int:
-    """The node's `priority` config (default 0; lower runs first)."""
-    value = call.node.config.get("priority", 0)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{call.node.describe()}: `priority` must be an int, got {value!r}")
-    return value

@@ -93,9 +93,17 @@ def task_message(job: AgentJob) -> str:
 
 
 def build_agent(
-    base_url: str, script: AgentScript, shape: Shape, tool_seconds: float, middleware: Sequence[Any] = ()
+    base_url: str,
+    script: AgentScript,
+    shape: Shape,
+    tool_seconds: float,
+    middleware: Sequence[Any] = (),
+    *,
+    model: str = "sim-8b",
+    **model_options: Any,
 ) -> Any:
-    """LangChain's `create_agent` with the trace's two tools; `tool_seconds` real seconds per trace second."""
+    """LangChain's `create_agent` with the trace's two tools; `tool_seconds` real seconds per
+    trace second; `model_options` go to `ChatOpenAI` (its HTTP client, `extra_body`)."""
     from langchain.agents import create_agent
     from langchain_core.tools import StructuredTool
     from langchain_openai import ChatOpenAI
@@ -114,11 +122,17 @@ def build_agent(
         make_tool("read_doc", "Read a shared document."),
         make_tool("run_step", "Run one step of the job."),
     ]
-    model = ChatOpenAI(
-        base_url=base_url, api_key="x", model="sim-8b", temperature=0, max_tokens=shape.answer_tokens, max_retries=2
+    llm = ChatOpenAI(
+        base_url=base_url,
+        api_key="x",
+        model=model,
+        temperature=0,
+        max_tokens=shape.answer_tokens,
+        max_retries=2,
+        **model_options,
     )
     system = system_block(shape) + f"\nAnswer in about {shape.answer_tokens} words."
-    return create_agent(model, tools, system_prompt=system, middleware=list(middleware))
+    return create_agent(llm, tools, system_prompt=system, middleware=list(middleware))
 
 
 def bench_create_agents(
@@ -144,7 +158,7 @@ def bench_create_agents(
     script = AgentScript({job.id: job for job in jobs})
     live = sum(mean_context_tokens(job) for job in jobs)
     # vLLM needs room for one whole context: a tenth more than the longest, for its answer and whole blocks
-    pool_tokens = max(round(pool_fraction * live), round(1.1 * max(_last_context_tokens(job) for job in jobs)))
+    pool_tokens = max(round(pool_fraction * live), round(1.1 * max(context_words(job) for job in jobs)))
     pool_tokens -= pool_tokens % BLOCK_TOKENS  # whole blocks, as the server reports it
     options = {"llm_profile": AGENT_LLM, "kv_cache_tokens": pool_tokens, "chat_script": script}
     with SimServers(time_scale=time_scale, **options) as servers:
@@ -206,8 +220,7 @@ async def _measure(
         await asyncio.sleep(max(0.0, began + job.start_s * time_scale - time.perf_counter()))
         start = time.perf_counter()
         out = await system.ainvoke({"messages": [("user", task_message(job))]})
-        texts = [_text(m) for m in out["messages"] if getattr(m, "type", "") == "ai"]
-        return (time.perf_counter() - start) / time_scale, texts
+        return (time.perf_counter() - start) / time_scale, answer_texts(out)
 
     results = {}
     async with httpx.AsyncClient() as admin:
@@ -221,7 +234,7 @@ async def _measure(
     return results
 
 
-def _last_context_tokens(job: AgentJob) -> int:
+def context_words(job: AgentJob) -> int:
     """The job's last prompt and answer in the simulated tokenizer's tokens (words; a vLLM
     cache holds at least one whole context): its texts, and a few for each message's tags."""
     s = job.shape
@@ -229,6 +242,11 @@ def _last_context_tokens(job: AgentJob) -> int:
     messages = 3 + sum(1 + len(turn) for turn in job.turns)  # system, task, answers, tool results
     texts = len(tokens_of(system_block(s))) + s.task_tokens + results + (len(job.turns) + 1) * s.answer_tokens
     return texts + TAG_TOKENS * messages
+
+
+def answer_texts(out: dict[str, Any]) -> list[str]:
+    """An agent run's answers (text and tool calls, each as JSON), for comparing systems."""
+    return [_text(m) for m in out["messages"] if getattr(m, "type", "") == "ai"]
 
 
 def _text(message: Any) -> str:

@@ -38,7 +38,7 @@ def _engine_line(name: str, engine: Engine) -> str:
     """An engine, and the KV pool programs are admitted against where it reports one."""
     capacity = engine.kv_capacity_tokens() if isinstance(engine, KVPool) else None
     pool = f" (KV pool {capacity} tokens: programs admitted by KV working set)" if capacity else ""
-    return f"- {name}: {type(engine).__name__}{pool}"
+    return "\n  - ".join([f"- {name}: {type(engine).__name__}{pool}", *engine.notes()])
 
 
 def agent_sections(

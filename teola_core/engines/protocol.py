@@ -135,6 +135,10 @@ class Engine(ABC):
         """Narrow a kind's default capabilities (e.g. an engine that cannot batch)."""
         return caps
 
+    def notes(self) -> list[str]:
+        """What the engine learned of the server it calls, for `explain()`. Default: nothing."""
+        return []
+
     async def close(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Release resources. Default: nothing to release."""
 

@@ -95,14 +95,14 @@ class AgentRun:
     # -- model calls -------------------------------------------------------------------
     def model_call(self, request: ModelRequest, handler: ModelHandler) -> Any:
         turn = CallerTurn(self.loop)
-        return turn.run(self._generate(request, lambda: turn.call(lambda: handler(request))))
+        return turn.run(self._generate(request, lambda sent: turn.call(lambda: handler(sent))))
 
     async def amodel_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
         self._check_loop()
         context = contextvars.copy_context()
-        return await self._generate(request, lambda: in_context(context, lambda: handler(request)))
+        return await self._generate(request, lambda sent: in_context(context, lambda: handler(sent)))
 
-    async def _generate(self, request: ModelRequest, run: Callable[[], Awaitable[Any]]) -> Any:
+    async def _generate(self, request: ModelRequest, run: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
         max_tokens = getattr(request.model, "max_tokens", None)  # an estimate for scheduling only
         try:
             return await self.program.generate(

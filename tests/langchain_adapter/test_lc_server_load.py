@@ -158,3 +158,62 @@ def test_an_agent_with_the_middleware_is_admitted_by_the_kv_cache_its_server_rep
     assert engine.rate.prompt_tokens > 0  # learned from the server's usage reports
     text = f"topic 0 {'word ' * 40}"  # 42 of the simulated tokenizer's tokens (words), 4 by OpenAI's rule of thumb
     assert 42 <= engine.rate.prompt_tokens_of(len(text)) <= 60
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_an_agent_with_the_middleware_sends_priority_where_the_server_takes_it(policy: str) -> None:
+    """Teola asks the server once whether it takes vLLM's `priority` (a one-token completion
+    with `priority: 1`); where it does, later model calls carry their program's rank in
+    `extra_body`, and where it refuses (the simulated server under FCFS, as vLLM before
+    0.32) none does. Answers stay the plain agent's either way."""
+    from langchain.agents import create_agent
+
+    from teola_langchain.agents import TeolaMiddleware
+
+    with SimServers(time_scale=0.05, max_num_seqs=2, scheduling_policy=policy) as servers:
+        llm, _ = openai_models(servers.base_url, max_tokens=16)
+        agent = create_agent(llm, [], middleware=[TeolaMiddleware()])
+        fast = teola.optimize(agent)
+        engine = fast.engines.engines[fast.engine_name]
+
+        async def contents(app: Any) -> list[list[str]]:
+            runs = [app.ainvoke({"messages": [("user", f"topic {i}")]}) for i in range(6)]
+            return [[str(m.content) for m in out["messages"]] for out in await asyncio.gather(*runs)]
+
+        async def scenario() -> tuple[list[list[str]], list[list[str]], int]:
+            plain = await contents(agent)
+            optimized = await contents(fast)  # the server is found and asked
+            await engine.priority.settled()
+            asked = servers.backend.requests["with_priority"]  # the question itself, and calls after its answer
+            optimized = await contents(fast)
+            return plain, optimized, servers.backend.requests["with_priority"] - asked
+
+        try:
+            plain, optimized, sent = asyncio.run(asyncio.wait_for(scenario(), 120))
+            explained = fast.explain()
+        finally:
+            fast.close()
+    assert optimized == plain
+    if policy == "priority":
+        assert engine.priority.accepted and sent == 6
+        assert "takes `priority`: calls carry their program's rank" in explained
+    else:
+        assert not engine.priority.accepted and sent == 0
+        assert "refused `priority`: calls go without" in explained
+
+
+def test_a_prioritized_request_keeps_the_models_own_extra_body() -> None:
+    """The priority goes into the call's model settings beside what the model's `extra_body`
+    (or the request's own `extra_body` setting, which replaces the model's) already sends."""
+    from langchain.agents.middleware import ModelRequest
+    from langchain_openai import ChatOpenAI
+
+    from teola_langchain.agents.engine import prioritized
+
+    model = ChatOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", model="m", extra_body={"ignore_eos": True})
+    request = ModelRequest(model=model, messages=[], model_settings={"temperature": 0})
+    sent = prioritized(request, 7)
+    assert sent.model_settings == {"temperature": 0, "extra_body": {"ignore_eos": True, "priority": 7}}
+    assert request.model_settings == {"temperature": 0} and model.extra_body == {"ignore_eos": True}  # untouched
+    own = ModelRequest(model=model, messages=[], model_settings={"extra_body": {"top_k": 3}})
+    assert prioritized(own, 2).model_settings == {"extra_body": {"top_k": 3, "priority": 2}}

@@ -81,3 +81,24 @@ def test_create_agents_bench_json_and_table(capsys: pytest.CaptureFixture[str]) 
     assert {"mean_s", "p95_s", "recomputed_prefill_tokens"} <= set(out["systems"]["teola"])
     with pytest.raises(SystemExit, match="create_agents takes --concurrency, --seed and --time-scale"):
         main(["bench", "--langgraph", "create_agents", "--rate", "1"])
+
+
+def test_agents_on_a_server_of_your_own_call_the_traced_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m teola_benchmarks.langgraph.agents_on_server URL`, here against the simulated
+    vLLM-like server with no script of its own: the client's transport puts the trace's tool
+    calls into the answers, so every traced model call is made, by both systems, answers equal."""
+    from teola_benchmarks.langgraph.agents_on_server import main as agents_on_server
+
+    with SimServers(time_scale=0.01, kv_cache_tokens=4096) as servers:
+        argv = [servers.root_url, "--model", "sim", "--agents", "3", "--tool-time", "0.001", "--seed", "1"]
+        assert agents_on_server([*argv, "--middleware"]) == 0  # raises AnswerMismatch if the answers differ
+    out = json.loads(capsys.readouterr().out)
+    assert out["model_calls"] > 3  # the jobs call tools
+    made = out["model_calls"]
+    assert out["model_calls_made"] == {"langgraph": made, "teola": made, "teola_middleware": made}
+    assert out["server_kv_tokens"] == 4096 and set(out["systems"]) == {"langgraph", "teola", "teola_middleware"}
+    assert out["live_context_tokens"] > 0 and out["kv_share_of_live"] == pytest.approx(
+        4096 / out["live_context_tokens"], 0.01
+    )
+    with pytest.raises(SystemExit):
+        agents_on_server(["http://127.0.0.1:9", "--model", "m", "--agents", "0"])

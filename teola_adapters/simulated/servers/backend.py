@@ -99,7 +99,8 @@ class SimBackend:
         rerank_max = max_batch_items or RERANKER.max_efficient_batch("rerank")
         self.embed_batches = Batcher(self._embed_batch, batching, embed_max)
         self.rerank_batches = Batcher(self._rerank_batch, batching, rerank_max)
-        self.requests = {"chat": 0, "completions": 0, "embeddings": 0, "rerank": 0, "tokenize": 0}
+        # requests by endpoint, and LLM requests that carried vLLM's `priority` field
+        self.requests = {"chat": 0, "completions": 0, "embeddings": 0, "rerank": 0, "tokenize": 0, "with_priority": 0}
         self.embed_batch_sizes: list[int] = []
         self._vocabulary: dict[str, int] = {}
         self._words: list[str] = []

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from teola_adapters.simulated.servers.backend import SimBackend
+from teola_adapters.simulated.servers.backend import ScriptedToolCall, SimBackend
 from teola_adapters.simulated.servers.responder import messages_to_prompt
 from teola_adapters.simulated.text import token_pieces, tokens_of
 
@@ -38,6 +38,8 @@ def error(message: str, status: int = 400) -> JSONResponse:
 
 def request_priority(b: SimBackend, body: dict[str, Any]) -> int:
     """vLLM's `priority` request field (lower runs first); ValueError names what is wrong."""
+    if "priority" in body:
+        b.requests["with_priority"] += 1
     priority = body.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority must be an integer, got {priority!r}")
@@ -50,7 +52,11 @@ def scripted_tool_calls(b: SimBackend, body: dict[str, Any], request_id: str) ->
     request that offers tools; none otherwise."""
     if b.chat_script is None or not body.get("tools"):
         return []
-    calls = b.chat_script(body["messages"]) or []
+    return tool_call_items(b.chat_script(body["messages"]) or [], request_id)
+
+
+def tool_call_items(calls: Sequence[ScriptedToolCall], request_id: str) -> list[dict[str, Any]]:
+    """Scripted tool calls as the items of an OpenAI chat answer's `tool_calls`."""
     items = []
     for i, call in enumerate(calls):
         function = {"name": call.name, "arguments": json.dumps(call.arguments)}
