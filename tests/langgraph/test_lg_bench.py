@@ -65,7 +65,7 @@ def test_the_burst_on_a_server_of_your_own_reports_both_rounds(capsys: pytest.Ca
     with SimServers(time_scale=0.01, max_num_seqs=2) as servers:
         assert on_server([servers.root_url, "--model", "sim", "--runs", "4", "--documents", "10"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["systems"]) == set(ROUNDS) and out["runs"] == 4
+    assert set(out["systems"]) == set(ROUNDS) and out["runs"] == 4 and out["prefix_cache_emptied_between_rounds"]
     assert out["mean_speedup_first_contact"] > 0 and out["mean_speedup_bound_known"] > 0
     (learned,) = out["teola_learned"]
     assert "vLLM-like; runs 2 at once" in learned
