@@ -216,22 +216,31 @@ async def _measure(
     """Each system in turn on an emptied prefix cache: latencies (simulated s), answers, recomputed tokens."""
     import httpx
 
-    async def one(system: Any, job: AgentJob, began: float) -> tuple[float, list[str]]:
-        await asyncio.sleep(max(0.0, began + job.start_s * time_scale - time.perf_counter()))
-        start = time.perf_counter()
-        out = await system.ainvoke({"messages": [("user", task_message(job))]})
-        return (time.perf_counter() - start) / time_scale, answer_texts(out)
-
     results = {}
     async with httpx.AsyncClient() as admin:
         for name, system in systems.items():
             (await admin.post(f"{servers.root_url}/reset_prefix_cache")).raise_for_status()
             before = servers.backend.llm.stats.recomputed_tokens  # read between runs: the server is idle
-            began = time.perf_counter()
-            done = await asyncio.gather(*(one(system, job, began) for job in jobs))
-            recomputed = servers.backend.llm.stats.recomputed_tokens - before
-            results[name] = ([t for t, _ in done], [a for _, a in done], recomputed)
+            latencies, answers = await run_jobs(system, jobs, time_scale)
+            results[name] = (latencies, answers, servers.backend.llm.stats.recomputed_tokens - before)
     return results
+
+
+async def run_jobs(
+    system: Any, jobs: Sequence[AgentJob], time_scale: float = 1.0
+) -> tuple[list[float], list[list[str]]]:
+    """Every job on `system`, each started at its trace offset (times `time_scale` real
+    seconds): job completion times (in trace seconds) and answers."""
+    began = time.perf_counter()
+
+    async def one(job: AgentJob) -> tuple[float, list[str]]:
+        await asyncio.sleep(max(0.0, began + job.start_s * time_scale - time.perf_counter()))
+        start = time.perf_counter()
+        out = await system.ainvoke({"messages": [("user", task_message(job))]})
+        return (time.perf_counter() - start) / time_scale, answer_texts(out)
+
+    done = await asyncio.gather(*(one(job) for job in jobs))
+    return [t for t, _ in done], [a for _, a in done]
 
 
 def context_words(job: AgentJob) -> int:

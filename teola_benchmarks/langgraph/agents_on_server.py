@@ -29,7 +29,6 @@ import asyncio
 import itertools
 import json
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,11 +36,12 @@ from typing import Any
 import httpx
 
 import teola
+from teola_adapters.server_load import parse_reading
 from teola_adapters.simulated.servers.completions import tool_call_items
 from teola_benchmarks.agents.agent import words
-from teola_benchmarks.agents.trace import AgentJob, Shape, make_jobs, mean_context_tokens
+from teola_benchmarks.agents.trace import Shape, make_jobs, mean_context_tokens
 from teola_benchmarks.framework_result import AnswerMismatch
-from teola_benchmarks.langgraph.agents import AgentScript, answer_texts, build_agent, context_words, task_message
+from teola_benchmarks.langgraph.agents import AgentScript, build_agent, context_words, run_jobs
 from teola_benchmarks.stats import percentile
 
 SYSTEMS = ("langgraph", "teola")
@@ -142,9 +142,10 @@ async def bench_agents_on_server(
             per_word = await _tokens_per_word(admin, base_url, model)
             for name, system in systems.items():
                 await _empty_prefix_cache(admin, base_url)
-                before = await _counters(admin, base_url)
-                latencies, answers[name] = await _burst(system, jobs)
-                after = await _counters(admin, base_url)
+                before = _counters(await _metrics(admin, base_url))
+                latencies, answers[name] = await run_jobs(system, jobs)
+                page = await _metrics(admin, base_url)
+                after = _counters(page)
                 delta = {k: after[k] - before[k] for k in COUNTERS}
                 results[name] = {
                     "mean_s": statistics.fmean(latencies),
@@ -153,7 +154,8 @@ async def bench_agents_on_server(
                     "prompt_tokens_computed": delta["vllm:prompt_tokens_total"] - delta["vllm:prefix_cache_hits_total"],
                     "preemptions": delta["vllm:num_preemptions_total"],
                 }
-            kv_tokens = await _kv_tokens(admin, base_url)
+            reading = parse_reading(page)  # Teola's own reading of the server's KV cache size
+            kv_tokens = None if reading is None else reading.kv_tokens
     finally:
         for name, system in systems.items():
             if name != "langgraph":
@@ -190,20 +192,6 @@ async def bench_agents_on_server(
     }
 
 
-async def _burst(system: Any, jobs: Sequence[AgentJob]) -> tuple[list[float], list[list[str]]]:
-    """Every job, each started at its trace offset: job completion times and answers."""
-    began = time.perf_counter()
-
-    async def one(job: AgentJob) -> tuple[float, list[str]]:
-        await asyncio.sleep(max(0.0, began + job.start_s - time.perf_counter()))
-        start = time.perf_counter()
-        out = await system.ainvoke({"messages": [("user", task_message(job))]})
-        return time.perf_counter() - start, answer_texts(out)
-
-    done = await asyncio.gather(*(one(job) for job in jobs))
-    return [t for t, _ in done], [a for _, a in done]
-
-
 async def _tokens_per_word(admin: httpx.AsyncClient, base_url: str, model: str) -> float:
     """The served model's tokens per pseudo-word of the jobs' texts (vLLM's `/tokenize`)."""
     sample = words("sizing", 1000)
@@ -223,28 +211,23 @@ async def _empty_prefix_cache(admin: httpx.AsyncClient, base_url: str) -> None:
     response.raise_for_status()
 
 
-async def _counters(admin: httpx.AsyncClient, base_url: str) -> dict[str, float]:
-    """The server's `COUNTERS` (summed over their labels) from its `/metrics`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+async def _metrics(admin: httpx.AsyncClient, base_url: str) -> str:
+    """The server's `/metrics` page."""
     response = await admin.get(f"{base_url}/metrics")
     response.raise_for_status()
+    return response.text
+
+
+def _counters(page: str) -> dict[str, float]:
+    """The `COUNTERS` of a `/metrics` page, each summed over its labels (0 where absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     found = dict.fromkeys(COUNTERS, 0.0)
-    for family in text_string_to_metric_families(response.text):
+    for family in text_string_to_metric_families(page):
         for sample in family.samples:
             if sample.name in found:
                 found[sample.name] += sample.value
     return found
-
-
-async def _kv_tokens(admin: httpx.AsyncClient, base_url: str) -> int | None:
-    """The KV cache's size the server reports (Teola's own reading of it)."""
-    from teola_adapters.server_load import parse_reading
-
-    response = await admin.get(f"{base_url}/metrics")
-    response.raise_for_status()
-    reading = parse_reading(response.text)
-    return None if reading is None else reading.kv_tokens
 
 
 def main(argv: Sequence[str] | None = None) -> int:
