@@ -9,6 +9,7 @@ Needs `langchain-core` (`pip install 'teola[langchain]'`).
 
 from typing import Any
 
+from teola_langchain.components.compression import register_per_pair_cross_encoder
 from teola_langchain.components.parsers import LineListOutputParser
 from teola_langchain.runnable import TeolaRunnable
 from teola_langchain.runnable import optimize as optimize_chain
@@ -27,4 +28,12 @@ def optimize(runnable: Any, **options: Any) -> Any:
     return optimize_chain(runnable, **options)
 
 
-__all__ = ["LineListOutputParser", "OpaqueStepWarning", "TeolaRunnable", "TracedChain", "optimize", "trace"]
+__all__ = [
+    "LineListOutputParser",
+    "OpaqueStepWarning",
+    "TeolaRunnable",
+    "TracedChain",
+    "optimize",
+    "register_per_pair_cross_encoder",
+    "trace",
+]

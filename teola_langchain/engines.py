@@ -24,6 +24,10 @@ scheduler, which is what lets calls from concurrent queries batch.
   (`retrievers.follows_mode`, e.g. langchain-postgres's `PGVector`), a query made
   through a sync method searches with `similarity_search_by_vector` in a worker thread,
   as LangChain's sync path does.
+- `LangChainRerankEngine`: a `ContextualCompressionRetriever`'s compressor
+  (`components/compression.py`): its own `compress_documents` (sync query, worker thread)
+  or `acompress_documents` per call; one `model.score` for the calls of a batch only when
+  the cross encoder's class is registered per-pair (`compression.scores_per_pair`).
 
 Which engine runs a component can be chosen: `EngineChoices`, the `engines=` option of
 `teola.optimize`.
@@ -35,7 +39,8 @@ take one call per batch (`max_batch_items=1`, many batches at once): a batch's c
 all complete when its slowest does, so grouping calls that are not computed together
 would only make the fast ones wait (measured: naive RAG 0.85x of LangChain against a
 single-instance embedding server before this, as the queries' embeddings returned
-together). Only the proven `aembed_documents` path batches across queries.
+together). Only the proven `aembed_documents` path and registered per-pair cross
+encoders batch across queries.
 """
 
 from __future__ import annotations
@@ -62,10 +67,11 @@ from teola_core.engines.protocol import (
     StreamResult,
 )
 from teola_core.ir.kinds import LLM_KINDS, PrimitiveKind
+from teola_langchain.components import compression
 from teola_langchain.components.parsers import ParserItems
 from teola_langchain.components.retrievers import batchable_embeddings, follows_mode
 from teola_langchain.execution import runs
-from teola_langchain.execution.context import QueryContext
+from teola_langchain.execution.context import QueryContext, StepRef
 from teola_langchain.execution.steps import ModelStep
 from teola_langchain.prefix_warmup import render, server_root, warmer_for
 
@@ -219,11 +225,91 @@ class LangChainVectorStoreEngine(PerCallEngine):
         return {"hits": list(hits)}
 
 
+class LangChainRerankEngine(Engine):
+    """A `ContextualCompressionRetriever`'s compressor as a RERANK engine (see the module docstring).
+
+    A call is one query's `compress_documents(docs, query, callbacks=...)` (the node's
+    config names the retriever run it is made in: `ref`); with no documents it makes no
+    call and gives `[]`, as the retriever does. Several calls share one `model.score` only
+    when `compression.scores_per_pair` proves it: the calls queued behind a running one
+    form the next batch; if the joint call raises, each call runs alone (and fails alone).
+    """
+
+    kinds = frozenset({PrimitiveKind.RERANK})
+    driver_only = True  # calls the app's compressor with each query's callbacks and mode
+
+    def __init__(self, name: str, compressor: Any) -> None:
+        self.name = name
+        self.compressor = compressor
+        self.joint = compression.scores_per_pair(compressor)
+        # A joint call is one model call: one at a time, the calls that queue meanwhile form the next.
+        self.limits = EngineLimits(concurrency=1 if self.joint else 16, max_batch_items=None if self.joint else 1)
+        self.joint_calls = 0  # model calls that scored several queries' pairs
+        self.joint_failures = 0  # joint calls that raised (their calls then ran one by one)
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        results: list[CallResult] = [{"docs": []} for _ in calls]
+        todo = [i for i, c in enumerate(calls) if c.inputs["docs"]]
+        if self.joint and len(todo) > 1:
+            joint = await self._together([calls[i] for i in todo])
+            if joint is not None:
+                for i, result in zip(todo, joint, strict=True):
+                    results[i] = result
+                return results
+        done = await asyncio.gather(*(self._one(calls[i]) for i in todo), return_exceptions=True)
+        for i, result in zip(todo, done, strict=True):
+            results[i] = result
+        return results
+
+    async def _one(self, call: Call) -> dict[str, Any]:
+        """The compressor's own call, with the callbacks and mode of the query's retriever run."""
+        docs, query, c = call.inputs["docs"], call.inputs["query"], self.compressor
+        out = await runs.in_step(
+            _query(call),
+            self._ref(call),
+            lambda config: c.compress_documents(docs, query, callbacks=config.get("callbacks")),
+            lambda config: c.acompress_documents(docs, query, callbacks=config.get("callbacks")),
+        )
+        return {"docs": out}
+
+    async def _together(self, calls: Sequence[Call]) -> list[CallResult] | None:
+        """One `score` over every call's pairs, then each call's own `compress_documents` on
+        its part of the scores (None: the joint call failed; run each alone)."""
+        try:
+            asked = [compression.pairs_of(c.inputs["query"], c.inputs["docs"]) for c in calls]
+            flat = [p for pairs in asked for p in pairs]
+            scores = await asyncio.to_thread(self.compressor.model.score, flat)
+            if len(scores) != len(flat):
+                raise ValueError(f"{self.name}: score returned {len(scores)} scores for {len(flat)} pairs")
+        except Exception:
+            self.joint_failures += 1
+            return None
+        self.joint_calls += 1
+        results: list[CallResult] = []
+        start = 0
+        for call, pairs in zip(calls, asked, strict=True):
+            given = compression.with_scores(self.compressor, pairs, scores[start : start + len(pairs)])
+            start += len(pairs)
+            callbacks = _query(call).step_config(self._ref(call)).get("callbacks")
+            try:
+                docs = given.compress_documents(call.inputs["docs"], call.inputs["query"], callbacks=callbacks)
+            except Exception as exc:
+                results.append(exc)
+            else:
+                results.append({"docs": docs})
+        return results
+
+    @staticmethod
+    def _ref(call: Call) -> StepRef:
+        return call.node.config["ref"]
+
+
 # What an engine must run for each role a component can have in a traced chain.
 ROLE_KINDS: dict[str, frozenset[PrimitiveKind]] = {
     "llm": LLM_KINDS,
     "embed": frozenset({PrimitiveKind.EMBED}),
     "vectordb": frozenset({PrimitiveKind.SEARCH}),
+    "rerank": frozenset({PrimitiveKind.RERANK}),
 }
 
 
@@ -233,15 +319,16 @@ class EngineChoices(CoreEngineChoices):
     The option (`teola_core.engines.choices`) is `(component, engine)` pairs matched by
     identity (a list: LangChain's models and embeddings are pydantic objects, which are
     not hashable), or a function `choose(component, default) -> engine | None` asked for
-    every model, embeddings object and vector store the chain uses.
+    every model, embeddings object, vector store and compressor the chain uses.
 
     The engine runs every primitive of that component (all queries share it), so it must
     run the primitives of the component's role (`ROLE_KINDS`) with the values Teola's
     own LangChain engines take and give: an LLM's prompts are LangChain prompt values
     (`PromptPrefix` for a partial prefill) and its DECODE `text` is what the model's
     `invoke` returns; EMBED `texts` -> `vectors`; SEARCH `vectors` -> `hits` (lists of
-    LangChain `Document`s). What it computes is then the chain's result: Teola cannot
-    check it against the component.
+    LangChain `Document`s); a compressor's RERANK `query`, `docs` -> `docs` (what its
+    `compress_documents` returns; the query's `QueryContext` is `Call.context`). What it
+    computes is then the chain's result: Teola cannot check it against the component.
 
     One engine is made to keep LangChain's results by construction: a `VLLMHTTPEngine`
     given for a language model. The model keeps making its own calls (the answer is
@@ -291,3 +378,7 @@ class EngineRegistry(ComponentEngines):
 
     def vectorstore(self, store: VectorStore) -> str:
         return self._get(store, "vectordb", lambda name: LangChainVectorStoreEngine(name, store))
+
+    def reranker(self, compressor: Any) -> str:
+        """A `ContextualCompressionRetriever`'s compressor (`components/compression.py`)."""
+        return self._get(compressor, "rerank", lambda name: LangChainRerankEngine(name, compressor))

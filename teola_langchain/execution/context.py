@@ -89,6 +89,9 @@ class OpenRun:
     parent: str | None
     kind: str = "chain"  # or "retriever": which `on_*_end` / `on_*_error` the manager has
     deferred: Deferred | None = None  # opened before the chain reached it (`runs.open_run(streaming=True)`)
+    # A retriever sets no context of its own: its calls see the config its caller's context
+    # holds (`QueryContext.context_config`; None: the caller's context as it is).
+    context: RunnableConfig | None = None
 
     def end(self, output: Any) -> Any:
         return getattr(self.manager, f"on_{self.kind}_end")(output)
@@ -160,7 +163,7 @@ class QueryContext:
         """A fresh copy of the caller's context, set up as the step's composite sets it up.
 
         A composite sets the step's `config` as the context's config; a retriever runs its
-        children in its own context (its caller's config); the chain's own root runs in
+        children in its own caller's context (`context_config`); the chain's own root runs in
         the caller's context as is.
         """
         context = self.caller.copy()
@@ -169,10 +172,28 @@ class QueryContext:
             context.run(without_tracing)  # the recorder stands for the handlers, LangSmith's tracer among them
         if ref.scope is not None:
             run = self.runs[ref.scope]
-            context.run(_set_config_context, run.config if run.kind == "retriever" else config)
+            if run.kind != "retriever":
+                context.run(_set_config_context, config)
+            elif run.context is not None:
+                context.run(_set_config_context, run.context)
         elif ref.bound:
             context.run(_set_config_context, config)
         return context
+
+    def context_config(self, ref: StepRef) -> RunnableConfig | None:
+        """The config the context holds where the step `ref` names is called, as LangChain sets it.
+
+        A composite sets its child's config (`patch_config(...)`, before the bindings
+        around the child merge theirs: a binding sets no context); a retriever sets none, so
+        its calls see what its own caller's context holds. None: the caller's context as it is.
+        A retriever run keeps this (`OpenRun.context`) for the calls it makes.
+        """
+        if ref.scope is None:
+            return None
+        run = self.runs[ref.scope]
+        if run.kind == "retriever":
+            return run.context
+        return self.step_config(replace(ref, bound=()))
 
     def own_runs(self) -> MutableMapping[str, OpenRun]:
         """The runs this query opened (a map element's, not those around the map)."""

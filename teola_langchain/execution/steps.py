@@ -214,6 +214,16 @@ def run_map(sub: SubGraph) -> Step:
     return run
 
 
+def run_items(sub: SubGraph) -> Step:
+    """A pipelined map's body on the items it is handed: the body's graph per item (`run_map`)."""
+    each = run_map(sub)
+
+    async def run(items: list[Any], ctx: QueryContext, after: Any = None) -> list[Any]:
+        return await each(items, ctx)
+
+    return run
+
+
 async def run_graph(sub: SubGraph, value: Any, ctx: QueryContext) -> Any:
     """Run a traced graph for one input; on failure close its open runs and raise the step's error."""
     try:
@@ -250,6 +260,10 @@ def as_list(value: Any) -> list[Any]:
     return [value]
 
 
+def listed(value: Any) -> list[Any]:
+    return list(value)
+
+
 def only(value: list[Any]) -> Any:
     (one,) = value
     return one
@@ -269,13 +283,14 @@ def start_retrievals(retriever: BaseRetriever, ref: StepRef) -> Step:
 
     async def run(items: list[str], ctx: QueryContext, after: Any = None) -> list[Retrieval]:
         started = []
+        context = ctx.context_config(ref)
         for query in items:
             scope = f"retriever:{uuid4().hex}"
             ctx.runs[scope] = await runs.in_step(
                 ctx,
                 ref,
-                partial(_retriever_start, retriever, query=query),
-                partial(_aretriever_start, retriever, query=query),
+                partial(_retriever_start, retriever, query=query, context=context),
+                partial(_aretriever_start, retriever, query=query, context=context),
             )
             started.append(Retrieval(query, scope))
         return started
@@ -295,31 +310,36 @@ def _retriever_manager_args(retriever: BaseRetriever, config: RunnableConfig) ->
     }
 
 
-def _retriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
+def _retriever_start(
+    retriever: BaseRetriever, config: RunnableConfig, query: str, context: RunnableConfig | None
+) -> OpenRun:
     config = ensure_config(config)
     manager = CallbackManager.configure(**_retriever_manager_args(retriever, config))
     run = manager.on_retriever_start(None, query, name=config.get("run_name") or retriever.get_name(), run_id=None)
-    return OpenRun(run, config, None, kind="retriever")
+    return OpenRun(run, config, None, kind="retriever", context=context)
 
 
-async def _aretriever_start(retriever: BaseRetriever, config: RunnableConfig, query: str) -> OpenRun:
+async def _aretriever_start(
+    retriever: BaseRetriever, config: RunnableConfig, query: str, context: RunnableConfig | None
+) -> OpenRun:
     config = ensure_config(config)
     manager = AsyncCallbackManager.configure(**_retriever_manager_args(retriever, config))
     run = await manager.on_retriever_start(
         None, query, name=config.get("run_name") or retriever.get_name(), run_id=None
     )
-    return OpenRun(run, config, None, kind="retriever")
+    return OpenRun(run, config, None, kind="retriever", context=context)
 
 
 def open_retriever(retriever: BaseRetriever, scope: str, ref: StepRef) -> Step:
     """Open one retriever run for the query, as `BaseRetriever.invoke` opens it; hand the query on."""
 
     async def run(value: Any, ctx: QueryContext) -> Any:
+        context = ctx.context_config(ref)
         ctx.runs[scope] = await runs.in_step(
             ctx,
             ref,
-            partial(_retriever_start, retriever, query=value),
-            partial(_aretriever_start, retriever, query=value),
+            partial(_retriever_start, retriever, query=value, context=context),
+            partial(_aretriever_start, retriever, query=value, context=context),
         )
         return value
 

@@ -67,5 +67,6 @@ def _steps_text(plan: Plan) -> str:
         how = f"{seconds(timed)} ({'learned' if learned else 'given'})" if timed is not None else "no time yet"
         count = plan.counts.get(key)
         items = f", writes {count} items" if count is not None else ""
-        lines.append(f"- {key}: {info.what}, {how}{items}")
+        runs_as = f", runs as {info.runs_as}" if info.runs_as else ""
+        lines.append(f"- {key}: {info.what}{runs_as}, {how}{items}")
     return "\n".join(lines) or "- none"

@@ -145,7 +145,7 @@ def _slowest_before(graph: Graph, node_id: str, ctx: PassContext) -> tuple[str |
 
 
 def engine_notes(engines: EngineSet, used: set[str]) -> list[str]:
-    """Engines whose calls go one by one, and why that may be what blocks batching."""
+    """Engines whose calls go one by one, and why that may be what blocks batching (embeddings, reranks)."""
     out = []
     for name in sorted(used):
         engine = engines[name]
@@ -154,6 +154,12 @@ def engine_notes(engines: EngineSet, used: set[str]) -> list[str]:
             out.append(
                 f"- {name}: embeddings are sent per query (Teola has not proven that this class embeds a "
                 "batch of documents as it embeds each query), so concurrent queries do not share a batch"
+            )
+        if engine.limits.max_batch_items == 1 and PrimitiveKind.RERANK in kinds:
+            out.append(
+                f"- {name}: reranks are sent per query (its cross encoder's class is not registered as scoring "
+                "each pair on its own: teola_langchain.register_per_pair_cross_encoder), so concurrent queries "
+                "do not share a model call"
             )
     return out
 

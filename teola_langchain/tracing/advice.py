@@ -11,6 +11,9 @@ from typing import Any
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStoreRetriever
 
+from teola_langchain.components.classes import qualified_name
+from teola_langchain.components.compression import COMPRESSION_RETRIEVER
+
 
 @dataclass(frozen=True)
 class StepInfo:
@@ -20,10 +23,17 @@ class StepInfo:
     what: str  # its class
     opaque: str | None = None  # why Teola runs it as one call (None: it does not, or it is a plain leaf)
     advice: str | None = None
+    runs_as: str | None = None  # the primitives a composite component runs as (e.g. EMBED + SEARCH + RERANK)
 
 
 def opaque_advice(step: Any, reason: str) -> str:
     """What the user could change so Teola sees inside `step` (it runs as one call because of `reason`)."""
+    if qualified_name(step) == COMPRESSION_RETRIEVER:
+        return (
+            "Teola times it and plans around it; with a CrossEncoderReranker as its base_compressor over a "
+            "VectorStoreRetriever Teola decomposes, it would run as EMBED + SEARCH + RERANK, its embeddings and "
+            "searches batched across queries"
+        )
     if isinstance(step, VectorStoreRetriever):
         return (
             "Teola times it and plans around it; with search_type='similarity' over a store Teola has proven "

@@ -112,15 +112,23 @@ class GraphWriter(ABC):
     def _scope(self, label: str) -> str:
         return f"{label}#{next(self.session.scopes)}"  # unique in the session: nested graphs see outer runs
 
-    def key(self, r: Runnable[Any, Any], ref: StepRef, kind: str | None = None, opaque: str | None = None) -> str:
-        """The step key of `r` at `ref` (`keys.py`); with `kind`, recorded for explain()."""
+    def key(
+        self,
+        r: Runnable[Any, Any],
+        ref: StepRef,
+        kind: str | None = None,
+        opaque: str | None = None,
+        runs_as: str | None = None,
+    ) -> str:
+        """The step key of `r` at `ref` (`keys.py`); with `kind`, recorded for explain() (with
+        why it runs as one call, or the primitives it runs as)."""
         if ref.scope is None and ref.tag is None:
             key = keys.CHAIN  # the chain itself (or the whole of it, one step)
         else:
             key = keys.child_key(self.paths[ref.scope], _run_name(r, ref), ref.tag)
         if kind is not None:
             advice = opaque_advice(r, opaque) if opaque is not None else None
-            self.session.steps.setdefault(key, StepInfo(kind, type(r).__name__, opaque, advice))
+            self.session.steps.setdefault(key, StepInfo(kind, type(r).__name__, opaque, advice, runs_as))
         return key
 
     def _block(self, r: Runnable[Any, Any], ref: StepRef, why: str, advice: str) -> None:

@@ -4,7 +4,8 @@ In a sequence, `model | list parser | .map(body)` (optionally with a proven list
 before the map, `components/slices.py`) is pipelined when the number of items is known:
 `expected_items=`, or learned from the parser's past outputs (`TraceSession.counts`).
 The model's decode then also yields its parsed items, and the body (a step that batches
-per item, or a retriever's EMBED + SEARCH) runs on each while the model writes the next.
+per item, a retriever's EMBED + SEARCH, or a `ContextualCompressionRetriever`'s graph per
+item) runs on each while the model writes the next.
 Where only the count or the shape is missing, a note says so for explain() (`Blocked`).
 """
 
@@ -17,6 +18,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.base import RunnableEach
 
+from teola_langchain.components import compression
 from teola_langchain.components.classes import class_of
 from teola_langchain.components.models import language_model
 from teola_langchain.components.parsers import ParserItems, is_recognised
@@ -126,6 +128,10 @@ class PipelinedMaps(StepNodes):
         plan = decompose(body) if isinstance(body, BaseRetriever) else None
         if isinstance(plan, Decomposition):
             out = self._retrieve(body, plan, items, element, after=opened)
+        elif compression.traces(body):  # its own primitives per item, each item as a map element
+            sub = self.nested_graph(f"{self.name}/{label}", body, element)
+            key = self.key(body, element)
+            out = self._itemwise(steps.run_items(sub), {"items": items, "after": opened}, "map", label, key=key)
         else:
             key = self.key(body, element, "leaf")
             out = self._itemwise(

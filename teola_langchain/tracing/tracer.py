@@ -12,8 +12,10 @@ The graph has two inputs — "input" (the chain's input) and "context" (the quer
 - a chat model or LLM (or a binding around one) becomes PREFILL + DECODE on the model's
   engine (`step_nodes.py`);
 - a `VectorStoreRetriever` over a proven store becomes EMBED + SEARCH inside the
-  retriever's own callback run (`components/retrievers.py`), and langchain-classic's
-  `MultiQueryRetriever` its own calls in its own run (`components/multi_query.py`);
+  retriever's own callback run (`components/retrievers.py`), langchain-classic's
+  `MultiQueryRetriever` its own calls in its own run (`components/multi_query.py`), and
+  its `ContextualCompressionRetriever` with a `CrossEncoderReranker` EMBED + SEARCH +
+  RERANK in its own run (`components/compression.py`);
 - every other step (prompt, parser, lambda, passthrough, pick, generator, retriever,
   fallbacks, retry, unknown runnables) is a leaf: its own `invoke`/`ainvoke` runs.
 
@@ -48,7 +50,10 @@ from langchain_core.runnables.base import RunnableEach, coerce_to_runnable
 from langchain_core.runnables.passthrough import RunnableAssign, RunnablePick
 from langchain_core.runnables.retry import RunnableRetry
 
-from teola_langchain.components import multi_query
+from teola_core.ir.builder import Value
+from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
+from teola_core.ir.types import PortType
+from teola_langchain.components import compression, multi_query
 from teola_langchain.components.classes import class_of
 from teola_langchain.components.models import is_binding, language_model
 from teola_langchain.components.parsers import ParserItems
@@ -121,6 +126,8 @@ class GraphTracer(Composites):
     def retriever(self, r: BaseRetriever, sym: Sym, ref: StepRef) -> Sym:
         if multi_query.is_multi_query(r):
             return self.multi_query(r, sym, ref)
+        if compression.is_compression(r):
+            return self.compression(r, sym, ref)
         plan = decompose(r)
         if isinstance(plan, str):
             return self.leaf(r, sym, ref, plan)
@@ -175,6 +182,41 @@ class GraphTracer(Composites):
             inputs["question"] = question
         union = self.b.call(multi_query.unique_union(r), inputs, name=f"{label}.unique_union", inline=True)
         return Ref(self._close(r, scope, union))
+
+    def compression(self, r: Any, sym: Sym, ref: StepRef) -> Sym:
+        """langchain-classic's `ContextualCompressionRetriever` with a `CrossEncoderReranker`, its own
+        calls in its own run (`components/compression.py`).
+
+        Its base retriever's run (EMBED + SEARCH) under the retriever's run, then a RERANK that
+        is the compressor's own call for the query, and the run closed with `list(...)` of it.
+        """
+        plan = compression.decompose_compression(r)
+        if isinstance(plan, str):
+            return self.leaf(r, sym, ref, plan)
+        label = r.get_name()
+        scope = self._scope(label)
+        self.paths[scope] = self.key(r, ref)
+        query = self._user(steps.open_retriever(r, scope, ref), {"value": self.whole(sym)}, "open", label)
+        inside = StepRef(scope, None)  # the retriever hands its calls `{"callbacks": run_manager.get_child()}`
+        one = self.b.call(steps.as_list, {"value": query}, name=f"{label}.query", inline=True)
+        found = self._retrieve(r.base_retriever, plan, one, inside, after=query)
+        docs = self.b.call(steps.only, {"value": found}, name=f"{label}.found", inline=True)
+        engine = self.session.engines.reranker(r.base_compressor)
+        self.key(r, ref, "retriever", runs_as=f"{compression.describe(r)} on {engine}")
+        node = self.b.add(
+            PrimitiveKind.RERANK,
+            {"query": query, "docs": docs},
+            engine=engine,
+            config={"ref": inside, "top_k": r.base_compressor.top_n},
+            input_ports=(PortSpec("query", PortType.ANY), PortSpec("docs", PortType.ANY)),
+            output_ports=(PortSpec("docs", PortType.ANY),),
+            # One call is one query's whole list (not splittable); calls batch only where proven.
+            caps=Capabilities(batchable=compression.scores_per_pair(r.base_compressor)),
+            name=f"{label}.rerank",
+            label=label,
+        )
+        compressed = self.b.call(steps.listed, {"value": Value(node.id, "docs")}, name=f"{label}.list", inline=True)
+        return Ref(self._close(r, scope, compressed))
 
 
 def _is_parser(r: Runnable[Any, Any]) -> bool:

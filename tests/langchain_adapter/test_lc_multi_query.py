@@ -45,6 +45,8 @@ SHAPES = {
     "rag-include-original": lambda: rag(include_original=True),
     "rag-own-prompt": lambda: rag(prompt=OWN_PROMPT),
     "retriever-alone": lambda: retriever(include_original=True),
+    # a binding's run_name names the retriever's run, not the calls it makes (it sets no context)
+    "with-run-name": lambda: retriever().with_config(run_name="expand") | RunnableLambda(format_docs),
     "with-config-and-a-longer-chain": lambda: (
         MultiQueryRetriever(
             retriever=STORE.as_retriever(search_kwargs={"k": 2}),
