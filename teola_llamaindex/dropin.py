@@ -52,11 +52,13 @@ class LlamaIndexDropIn(DropIn):
     "reference"), policy (the local runtime's engine scheduling policy), passes (True, False
     or a `PassManager`), profiles (latency profiles by engine name, e.g. "llm:MockLLM", for
     the passes to plan with), warm_prefix (warm a split prompt's ready prefix on a vLLM
-    server, `prefix_warmup`), decompose (split components into primitives even where their
-    own spans, events and callbacks are then not emitted: docs/llamaindex.md, "Decomposed
-    components"), engines (which Teola engine runs a component: `(component, engine)` pairs
-    or a chooser, `registry`), ray (where engines run on the "ray" backend:
-    `teola_core.runtime.ray.options.RayOptions`, or a dict `{"address": ..., "engines": {...}}`).
+    server, `prefix_warmup`), decompose (None, the default: split the components whose
+    spans, events and callbacks Teola then emits as plain, a `VectorIndexRetriever`; True:
+    also those whose records then differ, synthesizers and `QueryFusionRetriever`; False:
+    none; docs/llamaindex.md, "Decomposed components"), engines (which Teola engine runs a
+    component: `(component, engine)` pairs or a chooser, `registry`), ray (where engines
+    run on the "ray" backend: `teola_core.runtime.ray.options.RayOptions`, or a dict
+    `{"address": ..., "engines": {...}}`).
     """
 
     def __init__(
@@ -68,7 +70,7 @@ class LlamaIndexDropIn(DropIn):
         passes: Any = True,
         profiles: Mapping[str, LatencyProfile] | None = None,
         warm_prefix: bool = True,
-        decompose: bool = False,
+        decompose: bool | None = None,
         engines: EngineOption = None,
         ray: RayOptions | Mapping[str, Any] | None = None,
     ) -> None:
@@ -119,13 +121,18 @@ class LlamaIndexDropIn(DropIn):
         return run_passes(pgraph, self._passes, {**self._engines.engines.profiles(), **self._profiles})
 
     async def run_graph(self, graph: Graph, inputs: Mapping[str, Any], ctx: QueryContext) -> dict[str, Any]:
-        """One run of `graph` (its `context` input is `ctx`); raises the user's own exception."""
+        """One run of `graph` (its `context` input is `ctx`); raises the user's own exception,
+        once what its steps opened (a retriever's spans, `retrieval_spans`) is closed with it."""
         qid = f"li{next(self._ids)}"
         self.calls_on_graph += 1
         try:
             return await self.runtimes.current().run(graph, {**inputs, "context": ctx}, query_id=qid, context=ctx)
         except PrimitiveError as exc:
             error = unwrap_error(exc, {n.id: n.module or "" for n in graph.nodes.values()})
+        except BaseException as exc:  # cancelled, or the runtime closed
+            ctx.fail(exc)
+            raise
+        ctx.fail(error)
         raise error
 
     def run_sync(self, work: Callable[[QueryContext], Awaitable[T]]) -> T:

@@ -88,7 +88,12 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
 
 
 class LlamaIndexEmbeddingEngine(PerCallEngine):
-    """EMBED of query bundles with a retriever's embed model (`decompose=True` only)."""
+    """EMBED of query bundles with a retriever's embed model, as `_retrieve` / `_aretrieve` embeds.
+
+    With a `ctx` input (a vector retrieval's `_retrieve` span, `vector_retrieval`): the
+    model's own sync or async method, as the query was called, in that context; without
+    (a decomposed fusion retriever's queries): its async method.
+    """
 
     kinds = frozenset({PrimitiveKind.EMBED})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
@@ -101,7 +106,8 @@ class LlamaIndexEmbeddingEngine(PerCallEngine):
     async def run_call(self, call: Call) -> dict[str, Any]:
         needed = call.node.config["needs_embedding"]
         bundles = call.inputs["texts"]
-        vectors = [await self._vector(b, needed) for b in bundles]
+        ctx = call.inputs.get("ctx")
+        vectors = [await self._vector(b, needed, ctx) for b in bundles]
         if call.node.config.get("embedded_queries", False):
             return {
                 "vectors": [
@@ -110,14 +116,25 @@ class LlamaIndexEmbeddingEngine(PerCallEngine):
             }
         return {"vectors": vectors}
 
-    async def _vector(self, bundle: QueryBundle, needed: bool) -> Any:
+    async def _vector(self, bundle: QueryBundle, needed: bool, ctx: QueryContext | None) -> Any:
         if needed and bundle.embedding is None and len(bundle.embedding_strs) > 0:
-            return await self.embed_model.aget_agg_embedding_from_queries(bundle.embedding_strs)
+            model, queries = self.embed_model, bundle.embedding_strs
+            if ctx is not None:
+                return await ctx.call(
+                    model.get_agg_embedding_from_queries, model.aget_agg_embedding_from_queries, queries
+                )
+            return await model.aget_agg_embedding_from_queries(queries)
         return bundle.embedding
 
 
 class LlamaIndexRetrieverEngine(PerCallEngine):
-    """A retriever: SEARCH is its whole `retrieve`/`aretrieve`, or (`decompose=True`) its search half."""
+    """A retriever: SEARCH is its whole `retrieve`/`aretrieve`, or a vector retriever's search half.
+
+    The search half with a `ctx` input (`vector_retrieval`): `_get_nodes_with_embeddings` (sync
+    queries, with the caller's bundle, which holds its embedding as in `_retrieve`) or
+    `_aget_nodes_with_embeddings`, in that context; without (a decomposed fusion retriever's
+    queries): `_aretrieve` with the embedding set.
+    """
 
     kinds = frozenset({PrimitiveKind.SEARCH})
     limits = EngineLimits(concurrency=16, max_batch_items=1)
@@ -128,12 +145,19 @@ class LlamaIndexRetrieverEngine(PerCallEngine):
         self.retriever = retriever
 
     async def run_call(self, call: Call) -> dict[str, Any]:
+        r = self.retriever
         if "query" in call.inputs:  # the whole retrieval, as the caller would call it
-            ctx = call.inputs["ctx"]
-            return {"nodes": await ctx.call(self.retriever.retrieve, self.retriever.aretrieve, call.inputs["query"])}
+            whole: QueryContext = call.inputs["ctx"]
+            return {"nodes": await whole.call(r.retrieve, r.aretrieve, call.inputs["query"])}
+        ctx: QueryContext | None = call.inputs.get("ctx")
         if call.node.config.get("embedded_queries", False):
             queries = list(call.inputs["vectors"])
+        elif ctx is not None and ctx.sync:  # `_retrieve` searches with the caller's bundle
+            queries = list(call.inputs["index"])
         else:
             bundles, vectors = call.inputs["index"], call.inputs["vectors"]
             queries = [QueryBundle(query_str=b.query_str, embedding=v) for b, v in zip(bundles, vectors, strict=True)]
-        return {"hits": [await self.retriever._aretrieve(q) for q in queries]}
+        if ctx is None:
+            return {"hits": [await r._aretrieve(q) for q in queries]}
+        search = r._get_nodes_with_embeddings, r._aget_nodes_with_embeddings  # type: ignore[attr-defined]
+        return {"hits": [await ctx.call(*search, q) for q in queries]}

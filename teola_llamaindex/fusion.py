@@ -104,7 +104,7 @@ def trace_fusion(
     # The sub-retrievals go through aretrieve when use_async is set, even in a sync call.
     sub_ctx = b.call(_sub_context(fusion.use_async), {"ctx": ctx}, name="sub_context", inline=True)
     hits: dict[str, Value] = {
-        f"original_{i}": trace_vector_retrieval(b, engines, r, bundle, sub_ctx)
+        f"original_{i}": trace_vector_retrieval(b, engines, r, bundle, sub_ctx, spans=False)
         for i, r in enumerate(fusion._retrievers)
     }
     inputs: dict[str, Value] = {"query": bundle, "ctx": ctx}

@@ -96,7 +96,7 @@ class PipelinePlan:
 
 
 def trace_pipeline(
-    pipeline: QueryPipeline, engines: EngineRegistry, *, warn: bool = True, decompose: bool = False
+    pipeline: QueryPipeline, engines: EngineRegistry, *, warn: bool = True, decompose: bool | None = None
 ) -> PipelinePlan:
     """The pipeline as a Teola graph (see the module docstring); raises `UnsupportedPipeline`."""
     modules: dict[str, QueryComponent] = dict(pipeline.module_dict)
@@ -203,7 +203,7 @@ class _Tracer:
     engines: EngineRegistry
     ctx: Value
     warn: bool
-    decompose: bool
+    decompose: bool | None
     opaque: list[str] = field(default_factory=list)
     formats: dict[str, Value] = field(default_factory=dict)  # modules traced as FORMAT -> the prompt
 
@@ -303,7 +303,7 @@ class _Tracer:
     ) -> Value:
         """A prefix warm-up beside the whole synthesizer, or (decompose) plan + FORMAT + LLM."""
         b, synthesizer = self.b, component.synthesizer
-        decomposed = self.decompose and why_opaque(synthesizer) is None
+        decomposed = bool(self.decompose) and why_opaque(synthesizer) is None
         prefix = None if decomposed else warmup_prefix(self.engines, synthesizer)
         if not decomposed and prefix is None:
             return self._whole(key, component, kwargs, ctx)

@@ -38,7 +38,9 @@ from teola_llamaindex.synthesis import trace_synthesis, trace_warmup, warmup_pre
 from teola_llamaindex.views import framework_view
 
 
-def trace_query_engine(engine: RetrieverQueryEngine, engines: EngineRegistry, *, decompose: bool = False) -> Graph:
+def trace_query_engine(
+    engine: RetrieverQueryEngine, engines: EngineRegistry, *, decompose: bool | None = None
+) -> Graph:
     """`RetrieverQueryEngine._query`'s body as a graph with inputs `query` (a bundle) and `context`."""
     b = GraphBuilder("RetrieverQueryEngine")
     ctx = b.input("context")
@@ -145,7 +147,7 @@ class TeolaQueryEngine(LlamaIndexDropIn):
             how = section("execution", f"{type(self.original).__name__}: runs as itself, one opaque step")
             return [title, how, *parts]
         synthesizer = self.original._response_synthesizer
-        why = why_opaque(synthesizer) if self.decompose else "decompose=False"
+        why = why_opaque(synthesizer) if self.decompose else "without decompose=True"
         how = f"synthesizer {type(synthesizer).__name__}: " + (f"one call ({why})" if why else "plan + format + llm")
         sections = self.explain_sections("query", self.pgraph, self.graph, self.passes, png_dir)
         return [title, section("execution", how), *sections]

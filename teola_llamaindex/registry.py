@@ -9,9 +9,12 @@ Which engine runs a component can be chosen (`engine_choices`, the `engines=` op
 `teola.optimize`, as for LangChain: `teola_core.engines.choices`). A chosen engine runs
 the primitives of the component's role (`ROLE_KINDS`) with the values Teola's own
 engines (`engines.py`, `rerank.py`) take and give: a retriever's SEARCH `query` (a
-`QueryBundle` or str) and `ctx` -> `nodes` (`NodeWithScore`s); EMBED, the vector SEARCH
-and an LLM's primitives as `decompose=True` traces them; RERANK `query`, `docs` -> `docs`.
-Teola cannot check what it computes against the component.
+`QueryBundle` or str) and `ctx` -> `nodes` (`NodeWithScore`s; a `VectorIndexRetriever` given
+an engine this way runs whole on it, not decomposed); EMBED `texts` (bundles) -> `vectors` and
+the vector SEARCH `vectors`, `index` (bundles) -> `hits` of a decomposed one (its embed
+model's and its own engines, each also given the `ctx` the framework calls run in); an LLM's
+primitives as `decompose=True` traces them; RERANK `query`, `docs` -> `docs`. Teola cannot
+check what it computes against the component.
 """
 
 from __future__ import annotations
@@ -65,8 +68,15 @@ class EngineRegistry(ComponentEngines):
         """The engine of whole retrievals (`retrieve` / `aretrieve`)."""
         return self._get(retriever, "retriever", lambda name: LlamaIndexRetrieverEngine(name, retriever))
 
+    def chooses_whole(self, retriever: BaseRetriever) -> bool:
+        """True when `engines=` gives `retriever` an engine of its own for whole retrievals (a
+        chooser function is asked with the default whole-retrieval engine): it then runs whole."""
+        default = LlamaIndexRetrieverEngine(f"retriever:{type(retriever).__name__}", retriever)
+        chosen = self.choices.chooser(retriever, default)
+        return chosen is not None and chosen is not default
+
     def vector_search(self, retriever: BaseRetriever) -> str:
-        """The engine of a vector retriever's search half (`decompose=True`)."""
+        """The engine of a vector retriever's search half (a decomposed `VectorIndexRetriever`)."""
         return self._get(retriever, "vectordb", lambda name: LlamaIndexRetrieverEngine(name, retriever))
 
     def reranker(self, postprocessor: Any) -> str:

@@ -1,12 +1,13 @@
 """Which retrievers become which primitives.
 
-    nodes = trace_retriever(b, engines, retriever, query, ctx, decompose=False)
+    nodes = trace_retriever(b, engines, retriever, query, ctx, decompose=None)
 
-By default every retriever is one SEARCH primitive on its own engine that runs the
-retriever's own `retrieve` / `aretrieve` (so its spans, events and callbacks are its
-own). With `decompose=True`: exactly `VectorIndexRetriever` becomes EMBED + SEARCH
-(`vector_retrieval`), and exactly `QueryFusionRetriever` over such retrievers becomes
-query generation, per-query EMBED + SEARCH and fusion (`fusion`).
+Exactly `VectorIndexRetriever` becomes EMBED + SEARCH with its own records
+(`vector_retrieval`), unless `decompose=False` or `engines=` gives it an engine of its own.
+Every other retriever is one SEARCH primitive on its own engine that runs the retriever's
+own `retrieve` / `aretrieve` (so its spans, events and callbacks are its own), except with
+`decompose=True`: exactly `QueryFusionRetriever` over vector retrievers becomes query
+generation, per-query EMBED + SEARCH and fusion (`fusion`; its records then differ).
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ def decomposes(retriever: Any) -> bool:
 
 
 def trace_retriever(
-    b: GraphBuilder, engines: EngineRegistry, retriever: Any, query: Value, ctx: Value, *, decompose: bool
+    b: GraphBuilder, engines: EngineRegistry, retriever: Any, query: Value, ctx: Value, *, decompose: bool | None
 ) -> Value:
-    """The primitives of `retriever.(a)retrieve(query)`; returns the nodes' Value."""
+    """The primitives of `retriever.(a)retrieve(query)`; returns the nodes' Value.
+
+    `decompose`: the drop-in's option (None: the default, see the module docstring).
+    """
     if decompose and type(retriever) is QueryFusionRetriever and decomposes(retriever):
         return trace_fusion(b, engines, retriever, query, ctx)
-    if decompose and decomposable(retriever):
+    if decomposable(retriever) and (decompose or (decompose is None and not engines.chooses_whole(retriever))):
         return trace_vector_retrieval(b, engines, retriever, query, ctx)
     node = b.add(
         PrimitiveKind.SEARCH,

@@ -28,29 +28,45 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+_Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop, object]
+_WAKE = "wake"  # a held-back job may run now
 
 
 class CallerThread:
     """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's),
-    while the graph runs on another thread's loop (the caller's own loop is busy)."""
+    while the graph runs on another thread's loop (the caller's own loop is busy).
+
+    While a step holds the caller (`hold`), only that step's calls run (the others wait, in
+    order): a retrieval's records then follow each other as in plain's sequential run.
+    """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
+        self._waiting: list[_Job] = []  # received, not run yet (held back, or about to run)
+        self._holder: object = None
 
-    async def submit(self, fn: Callable[[], T]) -> T:
+    async def submit(self, fn: Callable[[], T], owner: object = None) -> T:
         """`fn()` on the caller's thread; its result or exception comes back here."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, future, loop))
+        self._jobs.put((fn, future, loop, owner))
         return await future
 
+    def hold(self, owner: object) -> None:
+        """Run only `owner`'s calls (`submit(..., owner)`) until `release(owner)`."""
+        self._holder = owner
+
+    def release(self, owner: object) -> None:
+        if self._holder is owner:
+            self._holder = None
+            self._jobs.put(_WAKE)
+
     def serve(self, done: concurrent.futures.Future[T]) -> T:
-        """Run submitted calls, in order, until `done` is; then its result."""
+        """Run submitted calls, in order (a holder's first), until `done` is; then its result."""
         done.add_done_callback(lambda _: self._jobs.put(None))
         try:
-            while (job := self._jobs.get()) is not None:
-                fn, future, loop = job
+            while (job := self._next()) is not None:
+                fn, future, loop, _ = job
                 try:
                     result = fn()
                 except Exception as exc:
@@ -62,18 +78,31 @@ class CallerThread:
             done.cancel()
             raise
 
+    def _next(self) -> _Job | None:
+        while True:
+            for i, job in enumerate(self._waiting):
+                if self._holder is None or job[3] is self._holder:
+                    return self._waiting.pop(i)
+            item = self._jobs.get()
+            if item is None:
+                return None
+            if not isinstance(item, str):
+                self._waiting.append(item)
+
 
 class CallerLoop:
     """Runs a sync query's graph on an event loop of the calling thread, driven by `drive`:
     the loop turns until a framework call is due, which then runs outside the loop (as in
     plain LlamaIndex: no running loop), and so on until the graph is done. No thread hops.
+    `hold` / `release` as for `CallerThread`.
     """
 
     _loops = threading.local()
 
     def __init__(self) -> None:
-        self._jobs: collections.deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = collections.deque()
+        self._jobs: collections.deque[tuple[Callable[[], Any], asyncio.Future[Any], object]] = collections.deque()
         self._wake: asyncio.Future[None] | None = None
+        self._holder: object = None
 
     @classmethod
     def usable(cls) -> bool:
@@ -84,12 +113,19 @@ class CallerLoop:
             return True
         return False
 
-    async def submit(self, fn: Callable[[], T]) -> T:
+    async def submit(self, fn: Callable[[], T], owner: object = None) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._jobs.append((fn, future))
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
+        self._jobs.append((fn, future, owner))
+        self._poke()
         return await future
+
+    def hold(self, owner: object) -> None:
+        self._holder = owner
+
+    def release(self, owner: object) -> None:
+        if self._holder is owner:
+            self._holder = None
+            self._poke()
 
     def drive(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` on this thread's loop (kept for the thread's life, so runtimes stay)."""
@@ -98,8 +134,8 @@ class CallerLoop:
         try:
             while True:
                 loop.run_until_complete(self._due(task))
-                while self._jobs:
-                    fn, future = self._jobs.popleft()
+                while (job := self._take()) is not None:
+                    fn, future, _ = job
                     try:
                         result = fn()
                     except Exception as exc:
@@ -115,13 +151,24 @@ class CallerLoop:
                     loop.run_until_complete(task)
             raise
 
+    def _take(self) -> tuple[Callable[[], Any], asyncio.Future[Any], object] | None:
+        """The first job that may run now (any, or the holder's), taken off the queue."""
+        for i, job in enumerate(self._jobs):
+            if self._holder is None or job[2] is self._holder:
+                del self._jobs[i]
+                return job
+        return None
+
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
     async def _due(self, task: asyncio.Task[Any]) -> None:
-        """Return once a framework call is due or the work is done."""
-        if self._jobs or task.done():
-            return
-        self._wake = wake = asyncio.get_running_loop().create_future()
-        task.add_done_callback(lambda _: wake.done() or wake.set_result(None))
-        await wake
+        """Return once a framework call that may run is due, or the work is done."""
+        while not task.done() and not any(self._holder is None or job[2] is self._holder for job in self._jobs):
+            self._wake = wake = asyncio.get_running_loop().create_future()
+            task.add_done_callback(lambda _, wake=wake: wake.done() or wake.set_result(None))
+            await wake
 
     @classmethod
     def _loop(cls) -> asyncio.AbstractEventLoop:
@@ -147,13 +194,19 @@ class QueryContext:
 
     `scope`: the contextvars where plain LlamaIndex runs the traced code (captured when
     the query starts, inside the framework's own span). `caller`: for sync queries, the
-    calling thread (None: a worker thread, where the caller cannot serve).
+    calling thread (None: a worker thread, where the caller cannot serve). `open`: what
+    steps opened around primitives and must close if the query fails (`on_failure`), and
+    `failure` its error once it did (both shared by the contexts derived from it).
+    `owner`: the step that holds the caller (`CallerThread.hold`) whose calls these are.
     """
 
     sync: bool
     scope: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
     caller: CallerThread | CallerLoop | None = field(default=None, compare=False)
     modules: dict[str, QueryContext] = field(default_factory=dict, compare=False, repr=False)
+    open: list[Callable[[BaseException], None]] = field(default_factory=list, compare=False, repr=False)
+    failure: list[BaseException] = field(default_factory=list, compare=False, repr=False)
+    owner: object = field(default=None, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Sent to another process (a Ray actor): only `sync` travels; the caller's context cannot."""
@@ -168,6 +221,49 @@ class QueryContext:
         """The context a module's primitives run in (`in_module`'s, or the query's)."""
         return self.modules.get(module, self) if module is not None else self
 
+    def within(self, scope: contextvars.Context) -> QueryContext:
+        """This query's context with its framework calls in `scope` (a span a step opened)."""
+        return dataclasses.replace(self, scope=scope)
+
+    def held(self, owner: object) -> QueryContext:
+        """A sync query: `owner` holds the caller (only its calls run there) until `released`;
+        the context its calls go through. Other queries: this context."""
+        if not (self.sync and self.caller is not None):
+            return self
+        self.caller.hold(owner)
+        return dataclasses.replace(self, owner=owner)
+
+    def released(self, owner: object) -> None:
+        """`owner` no longer holds the caller (nothing if it did not)."""
+        if self.sync and self.caller is not None:
+            self.caller.release(owner)
+
+    def on_failure(self, close: Callable[[BaseException], None]) -> None:
+        """Have `close(error)` called if the query fails (`fail`), unless `settled` first; at
+        once if it failed already (on another thread, while the caller was opening)."""
+        self.open.append(close)
+        if self.failure:
+            try:
+                self.open.remove(close)  # taking it off the list: this thread closes it
+            except ValueError:
+                return  # `fail` took it
+            close(self.failure[0])
+
+    def settled(self, close: Callable[[BaseException], None]) -> None:
+        """`close` is no longer needed (what it closes was closed)."""
+        with contextlib.suppress(ValueError):
+            self.open.remove(close)
+
+    def fail(self, error: BaseException) -> None:
+        """The query failed with `error`: close what is still open, the last opened first."""
+        self.failure.append(error)
+        while True:
+            try:
+                close = self.open.pop()
+            except IndexError:
+                return
+            close(error)
+
     async def call(
         self, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any
     ) -> T:
@@ -180,7 +276,7 @@ class QueryContext:
         """A sync framework call: on the caller's thread (sync queries) or a worker thread."""
         scoped = self.scope.copy()
         if self.sync and self.caller is not None:
-            return await self.caller.submit(lambda: scoped.run(fn, *args, **kwargs))
+            return await self.caller.submit(lambda: scoped.run(fn, *args, **kwargs), self.owner)
         return await asyncio.to_thread(scoped.run, fn, *args, **kwargs)
 
     async def awaiting(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -38,6 +38,7 @@ PROFILES = {
     "retriever:VectorIndexRetriever": LatencyProfile("retriever:VectorIndexRetriever", {"search": SLOW}),
 }
 QUESTIONS = ["what do cats do at dusk?", "how do vector stores answer a query?"]
+RETRIEVAL = ("embed:HashEmbedding", "vectordb:VectorIndexRetriever")  # the retriever, decomposed by default
 
 
 class FakeVLLM:
@@ -209,14 +210,14 @@ def test_chat_models_and_warm_prefix_false_use_the_plain_engine() -> None:
     chat = _llm(server, chat=True)
     assert why_no_warmup(chat) is not None
     fast = _check(_engine(chat), profiles=PROFILES)
-    assert fast.engine_names == ("retriever:VectorIndexRetriever",)  # nothing to warm: the synthesizer's own call
+    assert fast.engine_names == RETRIEVAL  # nothing to warm: the synthesizer's own call
     fast = _check(_engine(chat), profiles=PROFILES, decompose=True)
     assert type(fast._engines.engines["llm:OpenAILike"]) is LlamaIndexLLMEngine
     assert "no prefix warm-up (a chat model" in fast.explain()
     assert server.chats and server.warmups == []
     fast = _check(_engine(_llm(server)), profiles=PROFILES, warm_prefix=False, decompose=True)
     assert type(fast._engines.engines["llm:OpenAILike"]) is LlamaIndexLLMEngine
-    assert _check(_engine(_llm(server)), warm_prefix=False).engine_names == ("retriever:VectorIndexRetriever",)
+    assert _check(_engine(_llm(server)), warm_prefix=False).engine_names == RETRIEVAL
 
 
 @pytest.mark.parametrize(

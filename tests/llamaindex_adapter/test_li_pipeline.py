@@ -338,14 +338,15 @@ def test_rag_traces_into_primitives() -> None:
     fast = _quiet(rag())
     assert fast.plan is not None
     kinds = {n.kind for n in fast.plan.pgraph.nodes.values()}
-    assert {PrimitiveKind.SEARCH, PrimitiveKind.FORMAT, PrimitiveKind.PREFILL, PrimitiveKind.DECODE} <= kinds
-    assert PrimitiveKind.EMBED not in kinds  # the retriever's own `retrieve`, one SEARCH
+    assert {PrimitiveKind.EMBED, PrimitiveKind.SEARCH, PrimitiveKind.FORMAT, PrimitiveKind.PREFILL} <= kinds
+    assert PrimitiveKind.DECODE in kinds
     assert fast.plan.opaque == ["join (FnComponent)"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueModuleWarning)
-        decomposed = TeolaQueryPipelineExecutor(rag(), decompose=True)
-    assert decomposed.plan is not None
-    assert PrimitiveKind.EMBED in {n.kind for n in decomposed.plan.pgraph.nodes.values()}
+        whole = TeolaQueryPipelineExecutor(rag(), decompose=False)
+    assert whole.plan is not None
+    kinds = {n.kind for n in whole.plan.pgraph.nodes.values()}
+    assert PrimitiveKind.EMBED not in kinds and PrimitiveKind.SEARCH in kinds  # the retriever's own `retrieve`
 
 
 def test_fn_component_warns_once_naming_module() -> None:
@@ -427,7 +428,8 @@ def test_prefill_split_prefills_the_ready_question_and_keeps_the_answer() -> Non
     slow = Curve(((1, 0.05),))
     profiles = {
         "llm:MockLLM": LatencyProfile("llm:MockLLM", {"prefill": Curve(((1, 0.01),)), "decode": Curve(((1, 0.01),))}),
-        "retriever:VectorIndexRetriever": LatencyProfile("retriever:VectorIndexRetriever", {"search": slow}),
+        "embed:HashEmbedding": LatencyProfile("embed:HashEmbedding", {"embed": slow}),
+        "vectordb:VectorIndexRetriever": LatencyProfile("vectordb:VectorIndexRetriever", {"search": slow}),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpaqueModuleWarning)

@@ -68,10 +68,10 @@ def _same(a: Any, b: Any) -> None:
     assert a.metadata == b.metadata
 
 
-@pytest.mark.parametrize("decompose", [False, True])
+@pytest.mark.parametrize("decompose", [False, None, True])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("query", ["what do cats do?", "refine mode chunk"])
-def test_query_equal_sync_and_async(shape: str, query: str, decompose: bool) -> None:
+def test_query_equal_sync_and_async(shape: str, query: str, decompose: bool | None) -> None:
     engine = SHAPES[shape]()
     fast = teola.optimize(engine, decompose=decompose)
     assert isinstance(fast, TeolaQueryEngine)
@@ -82,8 +82,8 @@ def test_query_equal_sync_and_async(shape: str, query: str, decompose: bool) -> 
     fast.close()
 
 
-@pytest.mark.parametrize("decompose", [False, True])
-def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex(decompose: bool) -> None:
+@pytest.mark.parametrize("decompose", [False, None, True])
+def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex(decompose: bool | None) -> None:
     engine = _engine()()
     fast = TeolaQueryEngine(engine, decompose=decompose)
     ours, theirs = QueryBundle("dogs"), QueryBundle("dogs")
@@ -91,17 +91,20 @@ def test_query_bundle_gets_its_embedding_as_in_sync_llamaindex(decompose: bool) 
     assert ours.embedding == theirs.embedding and ours.embedding is not None
 
 
-def test_retrieval_is_one_search_calling_the_retriever_or_embed_and_search_when_decomposed() -> None:
-    kinds = [n.kind for n in TeolaQueryEngine(_engine()()).pgraph.nodes.values()]
+def test_a_vector_retriever_is_embed_and_search_unless_decompose_is_false() -> None:
+    for options in ({}, {"decompose": True}):
+        kinds = [n.kind for n in TeolaQueryEngine(_engine()(), **options).pgraph.nodes.values()]
+        assert PrimitiveKind.EMBED in kinds and PrimitiveKind.SEARCH in kinds
+    kinds = [n.kind for n in TeolaQueryEngine(_engine()(), decompose=False).pgraph.nodes.values()]
     assert PrimitiveKind.SEARCH in kinds and PrimitiveKind.EMBED not in kinds
-    kinds = [n.kind for n in TeolaQueryEngine(_engine()(), decompose=True).pgraph.nodes.values()]
-    assert PrimitiveKind.EMBED in kinds and PrimitiveKind.SEARCH in kinds
+    kinds = [n.kind for n in TeolaQueryEngine(_keyword()).pgraph.nodes.values()]  # any other retriever: one call
+    assert PrimitiveKind.SEARCH in kinds and PrimitiveKind.EMBED not in kinds
 
 
 def test_concurrent_queries_embed_each_query_alone() -> None:
     """One call per batch: a joint query-embedding call does not exist in LlamaIndex."""
     engine = _engine()()
-    fast = TeolaQueryEngine(engine, decompose=True)
+    fast = TeolaQueryEngine(engine)
     sizes: list[int] = []
 
     class Hook:

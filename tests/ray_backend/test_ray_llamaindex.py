@@ -24,7 +24,8 @@ from ray_li_engines import IndexSearch  # noqa: E402
 import teola  # noqa: E402
 
 QUESTIONS = [f"{topic} {i}" for i, topic in enumerate(["cats at dusk", "wolves", "vector stores", "refine"] * 5)]
-RETRIEVER = "retriever:VectorIndexRetriever"
+RETRIEVER = "retriever:VectorIndexRetriever"  # a whole retrieval's engine (given with engines=, or decompose=False)
+SEARCH = "vectordb:VectorIndexRetriever"  # its search half's (by default: decomposed into EMBED + SEARCH)
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def answer(response: Any) -> tuple[str, list[tuple[str, float | None]]]:
 def test_a_query_engine_on_its_own_components_answers_on_ray_as_plain(ray_cluster: Any) -> None:
     """Every framework engine stays in the driver: nothing of the app's objects is copied to an actor."""
     engine = query_engine()
-    for options in ({}, {"decompose": True}):
+    for options in ({}, {"decompose": False}, {"decompose": True}):
         fast = teola.optimize(engine, backend="ray", **options)
         try:
             assert set(fast.where().values()) == {"driver"}
@@ -91,9 +92,12 @@ def test_a_teola_engine_of_a_query_engine_runs_where_its_resources_say(resource_
 
 def test_options_are_checked_against_what_was_traced() -> None:
     engine = query_engine()
+    with pytest.raises(ValueError, match=rf"engine '{SEARCH}' \(LlamaIndexRetrieverEngine\) cannot run in a Ray"):
+        teola.optimize(engine, backend="ray", ray={"engines": {SEARCH: {"resources": {"nodeA": 1}}}})
     with pytest.raises(ValueError, match=rf"engine '{RETRIEVER}' \(LlamaIndexRetrieverEngine\) cannot run in a Ray"):
-        teola.optimize(engine, backend="ray", ray={"engines": {RETRIEVER: {"resources": {"nodeA": 1}}}})
-    with pytest.raises(ValueError, match=r"names 'retriever', which this app does not use \(its engines: retriever:"):
+        options = {"engines": {RETRIEVER: {"resources": {"nodeA": 1}}}}
+        teola.optimize(engine, backend="ray", decompose=False, ray=options)
+    with pytest.raises(ValueError, match=r"names 'retriever', which this app does not use \(its engines: embed:"):
         teola.optimize(engine, backend="ray", ray={"engines": {"retriever": {}}})
     with pytest.raises(ValueError, match="engines= names components that no traced step runs on an engine"):
         teola.optimize(engine, engines=[(make_llm(), IndexSearch(INDEX, top_k=2))])
