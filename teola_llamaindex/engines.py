@@ -49,7 +49,11 @@ def needs_embedding(retriever: Any) -> bool:
 
 
 class LlamaIndexLLMEngine(OpaqueModelEngine):
-    """A LlamaIndex `LLM`: decode is `complete` (api "complete"/"predict") or `chat` (api "chat")."""
+    """A LlamaIndex `LLM`: decode is `complete` (api "complete"/"predict"), `chat` (api "chat"),
+    or exactly `complete(prompt)` / `acomplete(prompt)` as a component calls it, its text
+    (api "complete_text"; `sync_api`: `complete` even in an async query, off the event loop,
+    where the component itself calls the sync method). A DECODE with a `ctx` input calls
+    the model in that context (a span a step opened), else in its query's."""
 
     limits = EngineLimits(concurrency=64, max_batch_items=1)
 
@@ -58,8 +62,12 @@ class LlamaIndexLLMEngine(OpaqueModelEngine):
         self.llm = llm
 
     async def generate(self, call: Call, prompt: Any) -> Any:
-        ctx = context_of(call)
+        ctx = call.inputs["ctx"] if "ctx" in call.inputs else context_of(call)
         api = call.node.config.get("api", "complete")
+        if api == "complete_text":
+            if call.node.config.get("sync_api", False):
+                return (await ctx.blocking(self.llm.complete, prompt)).text
+            return (await ctx.call(self.llm.complete, self.llm.acomplete, prompt)).text
         if api == "chat":
             return (await ctx.call(self.llm.chat, self.llm.achat, prompt)).message.content or ""
         formatted = call.node.config.get("formatted", True)

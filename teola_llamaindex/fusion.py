@@ -1,12 +1,19 @@
-"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives (`decompose=True`).
+"""`QueryFusionRetriever` (LlamaIndex's multi-query retrieval) as primitives.
 
-    nodes = trace_fusion(b, engines, fusion_retriever, query, ctx)
+    nodes = trace_fusion_records(b, engines, fusion_retriever, query, ctx)  # the default
+    nodes = trace_fusion(b, engines, fusion_retriever, query, ctx)          # decompose=True
 
-The query-generation LLM call is a DECODE whose items (`FusionQueries`, the retriever's
-own parse of its lines, incrementally) go to their EMBED + SEARCH as soon as each line
-is written; the original query's retrievals start at once; one step fuses with the
-retriever's own method. The rules, and when a fusion retriever runs as one call:
-docs/llamaindex.md ("QueryFusionRetriever").
+By default the query-generation call is a PREFILL + DECODE on the LLM's engine, inside
+the fusion retriever's own records (`retrieval_spans`), made exactly as `_retrieve` /
+`_aretrieve` makes it (`complete(prompt)`, or `acomplete` where the async path awaits it;
+0.12's async path calls the sync `complete`, which Teola runs off the event loop); then
+one step retrieves every query with the sub-retrievers' own methods as the library does,
+fuses with the retriever's own method and closes the records: the same records as plain.
+
+With `decompose=True` the DECODE's items (`FusionQueries`, the retriever's own parse of
+its lines, incrementally) go to their EMBED + SEARCH as soon as each line is written; the
+original query's retrievals start at once; one step fuses (the records then differ). The
+rules, and when a fusion retriever runs as one call: docs/llamaindex.md ("QueryFusionRetriever").
 """
 
 from __future__ import annotations
@@ -19,12 +26,23 @@ from llama_index.core.retrievers.fusion_retriever import FUSION_MODES, QueryFusi
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from teola_core.ir.builder import GraphBuilder, Value
+from teola_core.ir.kinds import PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.split_units import ItemParser, Lines, SplitUnit
+from teola_core.ir.types import PortType
 from teola_llamaindex.engines import needs_embedding
 from teola_llamaindex.registry import EngineRegistry
+from teola_llamaindex.retrieval_spans import RetrievalSpans
 from teola_llamaindex.scope import QueryContext
 from teola_llamaindex.synthesis import max_tokens_hint
-from teola_llamaindex.vector_retrieval import as_bundles, decomposable, only, resolve_objects, trace_vector_retrieval
+from teola_llamaindex.vector_retrieval import (
+    as_bundles,
+    decomposable,
+    finish_retrieval,
+    only,
+    open_retrieval,
+    resolve_objects,
+    trace_vector_retrieval,
+)
 
 
 def query_lines(text: str) -> list[str]:
@@ -96,10 +114,79 @@ def why_not_traced(retriever: QueryFusionRetriever) -> str | None:
     return None
 
 
+def trace_fusion_records(
+    b: GraphBuilder, engines: EngineRegistry, fusion: QueryFusionRetriever, query: Value, ctx: Value
+) -> Value:
+    """The primitives of `fusion.(a)retrieve(query)` with its records as plain's (the module
+    docstring); returns the nodes' Value."""
+    outputs = ("bundles", "inner", "spans")
+    opened = b.call(open_retrieval(fusion), {"query": query, "ctx": ctx}, outputs=outputs, name="open")
+    bundle = b.call(only, {"batch": opened}, name="bundle", inline=True)
+    inner = b.call_outputs(opened, "inner")
+    inputs: dict[str, Value] = {"spans": b.call_outputs(opened, "spans"), "query": bundle}
+    generated = fusion.num_queries - 1
+    if generated > 0:
+        prompt = b.call(_prompt(fusion.query_gen_prompt, generated), {"query": bundle}, name="prompt", inline=True)
+        engine = engines.llm(fusion._llm)
+        prefill = b.add(PrimitiveKind.PREFILL, {"prompt": prompt}, engine=engine, name="generate_queries.prefill")
+        spec = spec_of(PrimitiveKind.DECODE)
+        assert spec.inputs is not None
+        config = {"max_tokens": max_tokens_hint(fusion._llm), "api": "complete_text", "sync_api": _sync_api()}
+        decode = b.add(
+            PrimitiveKind.DECODE,
+            {"kv": Value(prefill.id, "kv"), "ctx": inner},
+            engine=engine,
+            config=config,
+            input_ports=(*spec.inputs, PortSpec("ctx", PortType.ANY)),
+            output_ports=(PortSpec("text", PortType.TEXT),),
+            name="generate_queries.decode",
+        )
+        inputs["text"] = Value(decode.id, "text")
+    return b.call(_retrieve_and_fuse(fusion), {**inputs, "inner": inner}, name="fuse")
+
+
+def _sync_api() -> bool:
+    """True where the async path calls the sync `complete` (before `_aget_queries`, 0.13)."""
+    return "_aget_queries" not in vars(QueryFusionRetriever)
+
+
+def _retrieve_and_fuse(fusion: QueryFusionRetriever) -> Callable[..., Any]:
+    """The rest of `_retrieve` / `_aretrieve` once the model has answered, then `retrieve`'s end."""
+    generated = fusion.num_queries - 1
+
+    async def run(
+        spans: RetrievalSpans, query: QueryBundle, inner: QueryContext, text: str | None = None
+    ) -> list[NodeWithScore]:
+        queries = [query]
+        if text is not None:
+            lines = query_lines(text)
+            if fusion._verbose:
+                queries_str = "\n".join(lines)
+                print(f"Generated queries:\n{queries_str}")
+            queries.extend(QueryBundle(q) for q in lines[:generated])
+        results = await _run_queries(fusion, queries, inner)
+        return await finish_retrieval(spans, _fused(fusion, results))
+
+    return run
+
+
+async def _run_queries(
+    fusion: QueryFusionRetriever, queries: list[QueryBundle], inner: QueryContext
+) -> dict[tuple[str, int], list[NodeWithScore]]:
+    """Every query on every sub-retriever with the library's own method for the path: in a sync
+    call on the caller's thread (nested `aretrieve`s with `use_async`, else `retrieve`s one
+    after another), in an async call `aretrieve`s gathered."""
+    if inner.sync:
+        run = fusion._run_nested_async_queries if fusion.use_async else fusion._run_sync_queries
+        return await inner.blocking(run, queries)
+    return await inner.awaiting(fusion._run_async_queries(queries))
+
+
 def trace_fusion(
     b: GraphBuilder, engines: EngineRegistry, fusion: QueryFusionRetriever, query: Value, ctx: Value
 ) -> Value:
-    """The primitives of `fusion.(a)retrieve(query)`; returns the nodes' Value."""
+    """The primitives of `fusion.(a)retrieve(query)`, the generated queries streamed into their
+    retrievals (`decompose=True`; records differ); returns the nodes' Value."""
     bundle = b.call(_as_bundle, {"query": query}, name="bundle", inline=True)
     # The sub-retrievals go through aretrieve when use_async is set, even in a sync call.
     sub_ctx = b.call(_sub_context(fusion.use_async), {"ctx": ctx}, name="sub_context", inline=True)

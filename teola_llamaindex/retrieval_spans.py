@@ -1,13 +1,15 @@
-"""What `VectorIndexRetriever.retrieve` / `aretrieve` records, opened around its EMBED and SEARCH.
+"""What a retriever's `retrieve` / `aretrieve` records, opened around the primitives it became.
 
     spans = RetrievalSpans(retriever, query, ctx)
     bundle, inner = spans.open()       # its span, RetrievalStartEvent, the RETRIEVE callback, `_retrieve`'s span
     ...                                # EMBED and SEARCH run in `inner` (their spans, events, callbacks)
     nodes = spans.finish(hits)         # `_retrieve` exits, IndexNodes resolve, the rest closes (`afinish`: async)
 
-Plain LlamaIndex emits these from `BaseRetriever.(a)retrieve` and `VectorIndexRetriever._(a)retrieve`
-(their `@dispatcher.span`, `callback_manager.as_trace("query")` and `.event(RETRIEVE)`); Teola runs the
-embedding and the search as primitives between them, so it emits them itself: the same dispatchers, span
+Plain LlamaIndex emits these from `BaseRetriever.(a)retrieve` and the retriever's `_(a)retrieve`
+(their `@dispatcher.span`, `callback_manager.as_trace("query")` and `.event(RETRIEVE)`; `_aretrieve` is a
+span only where the class declares one: `VectorIndexRetriever` does, `QueryFusionRetriever` does not).
+Teola runs what `_(a)retrieve` does as primitives between them (a vector retriever's embedding and search,
+a fusion retriever's query generation and sub-retrievals), so it emits them itself: the same dispatchers, span
 names, parents, tags, arguments, instances and results, each span entered and left in one context as the
 decorator does. A failure (`fail`; also when the query fails elsewhere, `QueryContext.on_failure`) unwinds
 what is open as the decorators and the context managers do. Details: docs/llamaindex.md.
@@ -26,7 +28,6 @@ import llama_index.core.instrumentation as instrument
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks.base import CallbackManager, EventContext
 from llama_index.core.callbacks.schema import CBEventType, EventPayload
-from llama_index.core.indices.vector_store.retrievers.retriever import VectorIndexRetriever
 from llama_index.core.instrumentation.dispatcher import Dispatcher, active_instrument_tags
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.instrumentation.events.span import SpanDropEvent
@@ -36,7 +37,6 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from teola_llamaindex.scope import QueryContext
 
 _BASE = instrument.get_dispatcher(BaseRetriever.__module__)  # `retrieve` / `aretrieve`'s
-_VECTOR = instrument.get_dispatcher(VectorIndexRetriever.__module__)  # `_retrieve` / `_aretrieve`'s
 _TRACE = "query"  # `as_trace("query")`
 
 
@@ -79,10 +79,19 @@ def _enter(dispatcher: Dispatcher, instance: Any, method: str, *args: Any, scope
     return _Span(dispatcher, id_, bound_args, instance, scope)
 
 
-class RetrievalSpans:
-    """One vector retrieval's own records (see the module docstring). `ctx`: where plain calls `retrieve`."""
+def body_dispatcher(retriever: BaseRetriever, body: str) -> Dispatcher | None:
+    """The dispatcher of the span `retriever.<body>` opens (`_retrieve`, `_aretrieve`), or None
+    when the class's method is not a span (`dispatcher.span` wraps it: it has `__wrapped__`)."""
+    method = getattr(type(retriever), body)
+    if not hasattr(method, "__wrapped__"):
+        return None
+    return instrument.get_dispatcher(method.__module__)
 
-    def __init__(self, retriever: VectorIndexRetriever, query: Any, ctx: QueryContext) -> None:
+
+class RetrievalSpans:
+    """One retrieval's own records (see the module docstring). `ctx`: where plain calls `retrieve`."""
+
+    def __init__(self, retriever: BaseRetriever, query: Any, ctx: QueryContext) -> None:
         self.retriever = retriever
         self.query = query
         self.ctx = ctx
@@ -95,20 +104,22 @@ class RetrievalSpans:
         self._event: EventContext | None = None  # the RETRIEVE callback event
 
     def open(self) -> tuple[QueryBundle, QueryContext]:
-        """Everything up to `_retrieve`'s body: the bundle and the context EMBED and SEARCH run in."""
+        """Everything up to `_retrieve`'s body: the bundle and the context its primitives run in."""
         r, sync = self.retriever, self.ctx.sync
         outer = self.ctx.scope.copy()
         self._outer = _enter(_BASE, r, "retrieve" if sync else "aretrieve", self.query, scope=outer)
+        body = "_retrieve" if sync else "_aretrieve"
         try:
             outer.run(self._start)
-            body = "_retrieve" if sync else "_aretrieve"
-            self._inner = _enter(_VECTOR, r, body, self.bundle, scope=outer.copy())
+            dispatcher = body_dispatcher(r, body)
+            if dispatcher is not None:
+                self._inner = _enter(dispatcher, r, body, self.bundle, scope=outer.copy())
         except BaseException as error:
             self.fail(error)
             raise
         # A sync query's other calls wait until this retrieval closes, as in plain's sequential run.
         self.calls = self.ctx.held(self)
-        inner = self.calls.within(self._inner.scope)
+        inner = self.calls.within(self._inner.scope if self._inner is not None else outer.copy())
         self.ctx.on_failure(self.fail)  # last: whoever closes on a failure finds everything open
         return self.bundle, inner
 
@@ -149,9 +160,10 @@ class RetrievalSpans:
         return nodes
 
     def _searched(self, hits: list[NodeWithScore]) -> None:
-        assert self._inner is not None
+        """`_(a)retrieve` returned `hits`: its span (if it is one) exits."""
         inner, self._inner = self._inner, None
-        inner.exit(hits)
+        if inner is not None:
+            inner.exit(hits)
 
     def _close(self, nodes: list[NodeWithScore]) -> None:
         assert self._outer is not None

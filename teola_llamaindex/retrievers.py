@@ -3,11 +3,13 @@
     nodes = trace_retriever(b, engines, retriever, query, ctx, decompose=None)
 
 Exactly `VectorIndexRetriever` becomes EMBED + SEARCH with its own records
-(`vector_retrieval`), unless `decompose=False` or `engines=` gives it an engine of its own.
-Every other retriever is one SEARCH primitive on its own engine that runs the retriever's
-own `retrieve` / `aretrieve` (so its spans, events and callbacks are its own), except with
-`decompose=True`: exactly `QueryFusionRetriever` over vector retrievers becomes query
-generation, per-query EMBED + SEARCH and fusion (`fusion`; its records then differ).
+(`vector_retrieval`), and exactly `QueryFusionRetriever` its query generation on the LLM's
+engine and a step that retrieves and fuses, inside its own records (`fusion`), unless
+`decompose=False` or `engines=` gives the retriever an engine of its own. Every other
+retriever is one SEARCH primitive on its own engine that runs the retriever's own
+`retrieve` / `aretrieve` (so its spans, events and callbacks are its own). With
+`decompose=True`, a `QueryFusionRetriever` over vector retrievers streams its generated
+queries into per-query EMBED + SEARCH (`fusion.trace_fusion`; its records then differ).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from llama_index.core.retrievers.fusion_retriever import QueryFusionRetriever
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
 from teola_core.ir.types import PortType
-from teola_llamaindex.fusion import trace_fusion, why_not_traced
+from teola_llamaindex.fusion import trace_fusion, trace_fusion_records, why_not_traced
 from teola_llamaindex.registry import EngineRegistry
 from teola_llamaindex.vector_retrieval import decomposable, trace_vector_retrieval
 
@@ -38,9 +40,12 @@ def trace_retriever(
 
     `decompose`: the drop-in's option (None: the default, see the module docstring).
     """
-    if decompose and type(retriever) is QueryFusionRetriever and decomposes(retriever):
-        return trace_fusion(b, engines, retriever, query, ctx)
-    if decomposable(retriever) and (decompose or (decompose is None and not engines.chooses_whole(retriever))):
+    split = decompose or (decompose is None and not engines.chooses_whole(retriever))
+    if type(retriever) is QueryFusionRetriever and split:
+        if decompose and decomposes(retriever):
+            return trace_fusion(b, engines, retriever, query, ctx)
+        return trace_fusion_records(b, engines, retriever, query, ctx)
+    if decomposable(retriever) and split:
         return trace_vector_retrieval(b, engines, retriever, query, ctx)
     node = b.add(
         PrimitiveKind.SEARCH,

@@ -86,7 +86,7 @@ def _one_query(
     return Value(node.id, spec.outputs[0].name)
 
 
-def open_retrieval(retriever: VectorIndexRetriever) -> Callable[..., Any]:
+def open_retrieval(retriever: BaseRetriever) -> Callable[..., Any]:
     """The step that opens `retrieve`'s records (`RetrievalSpans.open`; a sync query's on its thread)."""
 
     async def open_(query: Any, ctx: QueryContext) -> dict[str, Any]:

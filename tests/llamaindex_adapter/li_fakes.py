@@ -8,7 +8,7 @@ from typing import Any
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import MockEmbedding
-from llama_index.core.llms import MockLLM
+from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata, MockLLM
 from llama_index.core.schema import IndexNode, TextNode
 
 TEXTS = [
@@ -157,3 +157,17 @@ def make_silent_llm() -> MockLLM:
             return CompletionResponse(text="")
 
     return Silent()
+
+
+class BrokenLLM(CustomLLM):
+    """Fails every generation, as a model server that is down would."""
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(is_chat_model=False)
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        raise ConnectionError("model server down")
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise ConnectionError("model server down")

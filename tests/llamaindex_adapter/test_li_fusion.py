@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from li_fakes import TEXTS, make_index, make_llm, recursive_retriever
+from li_fakes import TEXTS, BrokenLLM, make_index, make_llm, recursive_retriever
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -62,7 +62,7 @@ def texts(nodes: list[NodeWithScore]) -> list[tuple[str, float | None]]:
     return [(n.node.get_content(), n.score) for n in nodes]
 
 
-@pytest.mark.parametrize("decompose", [False, True])
+@pytest.mark.parametrize("decompose", [None, False, True])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_retrieval_and_answers_equal_sync_and_async(shape: str, decompose: bool) -> None:
     plain = query_engine(SHAPES[shape]())
@@ -128,7 +128,9 @@ class KeywordRetriever(BaseRetriever):
         ),
     ],
 )
-def test_untraceable_fusion_runs_as_one_call_with_the_same_answer(make: Callable[[], Any], why: str) -> None:
+def test_a_fusion_that_cannot_stream_keeps_its_records_path_with_the_same_answer(
+    make: Callable[[], Any], why: str
+) -> None:
     from teola_llamaindex.fusion import why_not_traced
 
     retriever = make()
@@ -136,25 +138,13 @@ def test_untraceable_fusion_runs_as_one_call_with_the_same_answer(make: Callable
     plain, fast = query_engine(make()), teola.optimize(query_engine(make()), decompose=True)
     try:
         kinds = [n.kind for n in fast.graph.nodes.values()]
-        assert PrimitiveKind.EMBED not in kinds and kinds.count(PrimitiveKind.SEARCH) == 1  # the retriever's own call
+        # the default path: the generation on the LLM's engine, the sub-retrievers' own calls
+        assert PrimitiveKind.EMBED not in kinds and PrimitiveKind.SEARCH not in kinds
+        assert PrimitiveKind.PARTIAL_DECODE not in kinds and PrimitiveKind.DECODE in kinds
         q = "what do cats do at dusk"
         assert str(asyncio.run(fast.aquery(q))) == str(asyncio.run(plain.aquery(q)))
     finally:
         fast.close()
-
-
-class BrokenLLM(CustomLLM):
-    """Fails every generation, as a model server that is down would."""
-
-    @property
-    def metadata(self) -> LLMMetadata:
-        return LLMMetadata(is_chat_model=False)
-
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        raise ConnectionError("model server down")
-
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
-        raise ConnectionError("model server down")
 
 
 def test_a_failing_query_generation_reaches_the_caller_as_the_llms_own_error() -> None:
