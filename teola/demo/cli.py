@@ -195,7 +195,7 @@ def verdict(result: Any) -> str:
     extra = teola.decode_s - plain.decode_s
     if extra <= 0:
         return why
-    return f"{why}, less than answering one question after another costs in writing ({extra:+.2f} s)"
+    return f"{why}, and writing in smaller steps (earliest question first) took {extra:+.2f} s"
 
 
 def _round_line(number: int, figures: dict[str, Any]) -> str:
@@ -210,12 +210,10 @@ def host_note(step_s: dict[int, float]) -> str:
     """One line on the trade this host's llama.cpp offers, from its measured decode steps."""
     if not step_s or 1 not in step_s:
         return "this host's decode step was not measured"
-    from teola_adapters.llamacpp.worker import STEP_SLACK
-
     top = max(step_s)
     extra = step_s[1] * top / step_s[top] - 1  # decode time one at a time beyond all together
     return (
         f"on this host a decode step of {top} sequences costs {step_s[top] / step_s[1]:.1f}x a step of 1: "
-        f"one at a time (earliest question first) costs up to {extra:.0%} more decode time than all "
-        f"together; teola.optimize spends at most {STEP_SLACK:.0%} of the run's time so, for earlier answers"
+        f"one at a time (earliest question first) would cost up to {extra:.0%} more decode time than all "
+        f"together; teola.optimize steps fewer only where that costs nothing in total"
     )

@@ -61,8 +61,8 @@ class NativeChatEngine(Engine):
     Every call is its own batch and all may be in flight at once: the llama.cpp engine does
     them earliest query first and steps at most `decode_batch` decodes together (default:
     as many of the ready decodes as the engine's measured step cost says, `planner.step_size`:
-    the least mean latency, while what that costs beyond always batching stays within
-    `worker.STEP_SLACK` of the engine's busy time).
+    the least mean latency where that costs nothing beyond stepping every ready decode
+    together, else all of them).
     """
 
     kinds = LLM_KINDS

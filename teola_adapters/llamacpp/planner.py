@@ -2,29 +2,32 @@
 
 Work is ranked by `(query, class, order)`: the query's arrival, then its first appearance
 at the engine (earliest query first, as Teola's topology-aware policy orders queries), then its class
-(a partial prefill, work that only fills idle time, after the query's other work), then
-the order it was handed in. A decode may step with at most `cap` sequences (its caller's choice: every
-running decode, as llama.cpp's server does, or the profile's max efficient batch).
+(a partial prefill after the query's other work), then the order it was handed in. A decode
+may step with at most `cap` sequences (its caller's choice: every running decode, as
+llama.cpp's server does, or the profile's max efficient batch).
 
 - The step: the best-ranked decodes, as many as the smallest cap among them allows;
   a waiting decode joins only if a sequence is free for it.
-- A prefill (the best-ranked begun one, or a waiting one ranked before it with a sequence
-  free for it, else the best-ranked waiting one) runs its next chunk instead of the step
-  when it ranks before the step's first decode, or when the step has room for more
-  decodes (so the decode it prepares can join; for decodes stepped by cost, only where a
-  step of one more would pay). Otherwise the step runs.
+- A prefill of a whole prompt (the best-ranked begun one, or a waiting one ranked before it
+  with a sequence free for it, else the best-ranked waiting one) runs its next chunk instead
+  of the step when it ranks before the step's first decode, or when the step has room for
+  more decodes (so the decode it prepares can join; for decodes stepped by cost, only where
+  a step of one more would pay). Otherwise the step runs.
+- A partial prefill (`Work.partial`: a prefix prepared before the rest of its prompt is
+  known) only fills time the engine would otherwise idle: taking a turn from a decode or a
+  whole prompt would delay work that is ready for work that is not needed yet, and break
+  up the steps of the decodes around it.
 
     plan([Work((0, 3))], [Work((0, 1), cap=1, running=True)], free=2)
     # -> Plan(step=(Work((0, 1), ...),), prefill=None): the decode was handed in first
 
 A caller may instead let the step's size follow the measured cost of a step by sequence
 count (`Work.by_cost`, `step_size`): of the ready decodes, the best-ranked k step
-together, k chosen for the least mean completion; the worker keeps the time that costs
-beyond always stepping every ready decode together (what a server that batches gets,
-`extra_seconds`) within a budget, and steps them all once it is spent. That time is counted
-against the step every ready decode and every decode a waiting prefill prepares would make
-(`Plan.ready`): holding a later question's prompt back so an earlier one decodes alone costs
-what the fuller step would have saved.
+together, k chosen for the least mean completion, where that costs nothing beyond stepping
+every ready decode together (what a server that batches gets: `extra_seconds` <= 0), else
+all of them. That is counted against the step every ready decode and every decode a
+waiting prefill prepares would make (`Plan.ready`): holding a later question's prompt back
+so an earlier one decodes alone costs what the fuller step would have saved.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Work:
     item: Any = field(default=None, repr=False)
     by_cost: bool = False  # decodes: the step's size follows the step cost (`step_size`)
     joins: bool = False  # prefills: a decode of its query follows (a full prompt, not a partial one)
+    partial: bool = False  # prefills: a prefix prepared ahead of its prompt, run only in time the engine would idle
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,12 @@ def plan(
     one waiting for its whole length; `size(n, potential)`: how many of n ready decodes to step,
     for decodes that step `by_cost`, when `potential` decodes would step together if every
     prefill that `joins` ran first."""
+    # A partial prefill prepares a prompt whose rest is not known yet: it only fills time the
+    # engine would idle, never a turn a decode or a full prompt could use.
+    begun_partial = [p for p in begun if p.partial]
+    waiting_partial = [p for p in prefills if p.partial]
+    prefills = [p for p in prefills if not p.partial]
+    begun = [p for p in begun if not p.partial]
     step = _step(decodes, free)
     ready = len(step)
     cap = min((d.cap for d in step), default=0)  # the most the step may hold
@@ -95,6 +105,9 @@ def plan(
             room = room and size(len(step) + 1, ready) > len(step)  # type: ignore[misc]
         if not step or prefill.rank < step[0].rank or room:
             return Plan(prefill=prefill)
+    if not step:  # idle otherwise: a partial prefill (one begun goes on; a new one needs a sequence)
+        idle_fill = begun_partial or (waiting_partial if may_start else [])
+        return Plan(prefill=min(idle_fill, key=lambda w: w.rank)) if idle_fill else Plan()
     return Plan(step=step, ready=ready)
 
 
@@ -132,6 +145,14 @@ def step_size(n: int, cost: Callable[[int], float], slack: float | None = None) 
         if mean < best_mean - 1e-12:
             best_k, best_mean = k, mean
     return best_k
+
+
+def costless_step_size(n: int, potential: int, cost: Callable[[int], float]) -> int:
+    """How many of `n` ready decodes to step: the mean-latency best k (`step_size`) where that
+    costs nothing beyond a step of all `potential` (>= n: the ready decodes and those waiting
+    prefills prepare) by `cost`, else all n: never more decode time than always batching."""
+    k = step_size(n, cost)
+    return k if extra_seconds(k, max(n, potential), cost) <= 0 else n
 
 
 def extra_seconds(k: int, n: int, cost: Callable[[int], float]) -> float:

@@ -23,13 +23,12 @@ from typing import Any
 
 from teola_adapters._llm import DECODES
 from teola_adapters.llamacpp.generation import Generation
-from teola_adapters.llamacpp.planner import Plan, Rank, Work, cost_curve, extra_seconds, plan, step_size
+from teola_adapters.llamacpp.planner import Plan, Rank, Work, cost_curve, costless_step_size, plan
 from teola_adapters.llamacpp.sequences import Chunks, Sequences, Slot, drain
 from teola_core.engines.protocol import Call
 from teola_core.ir.kinds import PrimitiveKind
 
 _RANKED_QUERIES = 4096  # queries whose rank the worker remembers (the oldest are forgotten)
-STEP_SLACK = 0.10  # decodes stepped by cost: at most this share of busy time beyond always batching
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,6 @@ class Worker:
         self._ranks: OrderedDict[str, tuple[float, int]] = OrderedDict()  # query id -> (arrival, first appearance)
         self._order = itertools.count()
         self.step_costs: dict[int, float] = {}  # seconds of a decode step by sequences (measured, refreshed)
-        self._busy_since = time.perf_counter()  # the start of this busy period (the step budget's base)
-        self._extra = 0.0  # seconds spent in this busy period beyond stepping every ready decode together
         self._cost: Callable[[int], float] | None = None  # the step cost curve the last plan used
         self.steps_by_size: dict[int, int] = {}  # decode steps taken, by sequences stepped
         self._wake = threading.Condition()
@@ -137,7 +134,6 @@ class Worker:
                     if not self._busy():
                         while not (self._busy() or self._closed):
                             self._wake.wait()
-                        self._busy_since, self._extra = time.perf_counter(), 0.0  # a new step budget
                     if self._closed and not self._busy():
                         return
                     jobs = list(self._jobs)
@@ -151,9 +147,9 @@ class Worker:
             raise
 
     def _plan(self) -> Plan:
-        prefills = [Work(p.rank, item=p, joins=_joins(p)) for p in self._prefills]
+        prefills = [Work(p.rank, item=p, joins=_joins(p), partial=not _joins(p)) for p in self._prefills]
         decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
-        begun = [Work(p.rank, item=p, joins=_joins(p)) for p in self._begun]
+        begun = [Work(p.rank, item=p, joins=_joins(p), partial=not _joins(p)) for p in self._begun]
         reserve = 0 if begun else 1  # a sequence for the next prefill
         self._cost = cost_curve(self.step_costs) if self.step_costs else None
         size = self._step_size if self._cost is not None else None
@@ -161,22 +157,17 @@ class Worker:
         return plan(prefills, decodes, max(0, free - reserve), begun, size, may_start=free > 0)
 
     def _step_size(self, n: int, potential: int) -> int:
-        """The mean-latency best step of n ready decodes, while what it costs beyond stepping all
-        `potential` (the ready ones and those the waiting prefills prepare) stays within
-        `STEP_SLACK` of the time busy so far; all n once that budget is spent."""
-        cost = self._cost
-        assert cost is not None
-        k = step_size(n, cost)
-        extra = extra_seconds(k, max(n, potential), cost)
-        if extra <= 0 or self._extra + extra <= STEP_SLACK * (time.perf_counter() - self._busy_since):
-            return k
-        return n
+        """The mean-latency best step of n ready decodes where, by the measured curve, it costs
+        nothing beyond stepping all `potential` together (the ready ones and those the waiting
+        prefills prepare: what a server that batches every ready sequence gets); else all n."""
+        assert self._cost is not None
+        return costless_step_size(n, potential, self._cost)
 
     def _do(self, action: Plan) -> None:
         if action.prefill is not None:
             self._advance_prefill(action.prefill.item)
         elif action.step:
-            self._step([w.item for w in action.step], action.ready)
+            self._step([w.item for w in action.step])
 
     def _rank(self, call: Call) -> Rank:
         """(query's arrival, its first appearance here, class, order): earliest query first,
@@ -230,9 +221,8 @@ class Worker:
         for decode in [d for d in self._decodes if d.job.cancel.is_set()]:
             self._finish(decode)
 
-    def _step(self, step: list[_Decode], ready: int) -> None:
-        """Admit the step's waiting decodes, then one token for each, in one llama_decode
-        (`ready`: the decodes the step could have held)."""
+    def _step(self, step: list[_Decode]) -> None:
+        """Admit the step's waiting decodes, then one token for each, in one llama_decode."""
         began = time.perf_counter()
         going: list[_Decode] = []
         for decode in step:
@@ -258,17 +248,15 @@ class Worker:
                     decode.gen.logits = logits
                     decode.gen.pos += 1
                 self.stats.decode_steps += 1
-                self._measured(len(going), ready, time.perf_counter() - began)
+                self._measured(len(going), time.perf_counter() - began)
         self.stats.decode_s += time.perf_counter() - began
         self._report("decode", began, [d.job for d in step])
 
-    def _measured(self, n: int, ready: int, seconds: float) -> None:
-        """A step of `n` of `ready` decodes took `seconds`: count it, charge what stepping fewer
-        than all cost to the budget, and refresh the cost curve slowly (a moving average of
-        weight 1/20: one step slowed by another process barely moves it)."""
+    def _measured(self, n: int, seconds: float) -> None:
+        """A step of `n` decodes took `seconds`: count it, and refresh the cost curve
+        slowly (a moving average of weight 1/20: one step slowed by another process barely moves it)."""
         self.steps_by_size[n] = self.steps_by_size.get(n, 0) + 1
-        if self._cost is not None:  # the curve this step was planned with
-            self._extra += extra_seconds(n, max(n, ready), self._cost)
+        if self._cost is not None:  # measured at start: keep it up to date
             known = self.step_costs.get(n)
             self.step_costs[n] = seconds if known is None else 0.95 * known + 0.05 * seconds
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from teola_adapters.llamacpp.planner import Plan, Work, cost_curve, extra_seconds, plan, step_size
+from teola_adapters.llamacpp.planner import Plan, Work, cost_curve, costless_step_size, extra_seconds, plan, step_size
 
 
 def decode(query: int, order: int, cap: int = 4, running: bool = True) -> Work:
@@ -145,3 +145,33 @@ def test_a_by_cost_step_is_charged_against_the_step_waiting_prefills_would_fill(
     assert seen[0] == (1, 2)
     capped = Work((0, 1), 1, True, by_cost=True)  # a decode that steps alone anyway: nothing to charge
     assert plan([full], [capped], free=2, size=lambda n, potential: n).ready == 1
+
+
+def test_decodes_step_fewer_only_where_that_costs_nothing_in_total() -> None:
+    here = cost_curve({1: 0.012, 2: 0.024, 3: 0.032, 4: 0.039})  # a step of 2 costs 2 of 1; 4 pay a little
+    assert [costless_step_size(n, n, here) for n in (1, 2, 3, 4)] == [1, 1, 3, 4]
+    assert costless_step_size(2, 4, here) == 2  # two more prompts would join: alone costs what 4 together save
+    batching = cost_curve({1: 0.016, 2: 0.022, 4: 0.036})  # another 2-core host: batching pays
+    assert [costless_step_size(n, n, batching) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    for costs in (here, batching, cost_curve({1: 10, 2: 11, 3: 12, 4: 13}), cost_curve({1: 10, 2: 25, 4: 40})):
+        for n in (2, 3, 4):
+            k = costless_step_size(n, n, costs)
+            assert k * costs(n) / n >= costs(k) - 1e-12  # the step's share of a step of all, or less
+
+
+def partial(query: int, order: int) -> Work:
+    return Work((query, order), partial=True)
+
+
+def test_a_partial_prefill_only_fills_time_the_engine_would_idle() -> None:
+    early_prefix, later_decode, later_prompt = partial(0, 1), decode(1, 2, cap=1), Work((2, 3), joins=True)
+    assert plan([early_prefix], [later_decode], free=2) == Plan(step=(later_decode,), ready=1)
+    assert plan([early_prefix, later_prompt], [], free=2) == Plan(prefill=later_prompt)
+    assert plan([early_prefix], [], free=2) == Plan(prefill=early_prefix)
+
+
+def test_a_begun_partial_prefill_resumes_only_when_nothing_else_is_ready() -> None:
+    begun, other = partial(0, 1), partial(1, 2)
+    step = decode(2, 3, cap=1)
+    assert plan([], [step], free=1, begun=[begun]) == Plan(step=(step,), ready=1)
+    assert plan([other], [], free=1, begun=[begun]) == Plan(prefill=begun)  # it holds a sequence: it goes on
