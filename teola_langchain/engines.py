@@ -63,6 +63,7 @@ from teola_core.engines.protocol import (
     CallResult,
     Engine,
     EngineLimits,
+    JointCallEngine,
     PerCallEngine,
     StreamResult,
 )
@@ -225,7 +226,7 @@ class LangChainVectorStoreEngine(PerCallEngine):
         return {"hits": list(hits)}
 
 
-class LangChainRerankEngine(Engine):
+class LangChainRerankEngine(JointCallEngine):
     """A `ContextualCompressionRetriever`'s compressor as a RERANK engine (see the module docstring).
 
     A call is one query's `compress_documents(docs, query, callbacks=...)` (the node's
@@ -239,29 +240,22 @@ class LangChainRerankEngine(Engine):
     driver_only = True  # calls the app's compressor with each query's callbacks and mode
 
     def __init__(self, name: str, compressor: Any) -> None:
+        super().__init__()
         self.name = name
         self.compressor = compressor
         self.joint = compression.scores_per_pair(compressor)
         # A joint call is one model call: one at a time, the calls that queue meanwhile form the next.
         self.limits = EngineLimits(concurrency=1 if self.joint else 16, max_batch_items=None if self.joint else 1)
-        self.joint_calls = 0  # model calls that scored several queries' pairs
-        self.joint_failures = 0  # joint calls that raised (their calls then ran one by one)
 
     async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        """Calls without documents give `[]` at once; the others run (jointly where proven)."""
         results: list[CallResult] = [{"docs": []} for _ in calls]
         todo = [i for i, c in enumerate(calls) if c.inputs["docs"]]
-        if self.joint and len(todo) > 1:
-            joint = await self._together([calls[i] for i in todo])
-            if joint is not None:
-                for i, result in zip(todo, joint, strict=True):
-                    results[i] = result
-                return results
-        done = await asyncio.gather(*(self._one(calls[i]) for i in todo), return_exceptions=True)
-        for i, result in zip(todo, done, strict=True):
+        for i, result in zip(todo, await super().run([calls[i] for i in todo]), strict=True):
             results[i] = result
         return results
 
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         """The compressor's own call, with the callbacks and mode of the query's retriever run."""
         docs, query, c = call.inputs["docs"], call.inputs["query"], self.compressor
         out = await runs.in_step(
@@ -272,19 +266,14 @@ class LangChainRerankEngine(Engine):
         )
         return {"docs": out}
 
-    async def _together(self, calls: Sequence[Call]) -> list[CallResult] | None:
+    async def run_jointly(self, calls: Sequence[Call]) -> list[CallResult]:
         """One `score` over every call's pairs, then each call's own `compress_documents` on
-        its part of the scores (None: the joint call failed; run each alone)."""
-        try:
-            asked = [compression.pairs_of(c.inputs["query"], c.inputs["docs"]) for c in calls]
-            flat = [p for pairs in asked for p in pairs]
-            scores = await asyncio.to_thread(self.compressor.model.score, flat)
-            if len(scores) != len(flat):
-                raise ValueError(f"{self.name}: score returned {len(scores)} scores for {len(flat)} pairs")
-        except Exception:
-            self.joint_failures += 1
-            return None
-        self.joint_calls += 1
+        its part of the scores."""
+        asked = [compression.pairs_of(c.inputs["query"], c.inputs["docs"]) for c in calls]
+        flat = [p for pairs in asked for p in pairs]
+        scores = await asyncio.to_thread(self.compressor.model.score, flat)
+        if len(scores) != len(flat):
+            raise ValueError(f"{self.name}: score returned {len(scores)} scores for {len(flat)} pairs")
         results: list[CallResult] = []
         start = 0
         for call, pairs in zip(calls, asked, strict=True):

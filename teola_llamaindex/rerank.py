@@ -34,7 +34,7 @@ from llama_index.core.postprocessor import (
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from teola_core.engines.protocol import Call, CallResult, Engine, EngineLimits
+from teola_core.engines.protocol import Call, CallResult, EngineLimits, JointCallEngine
 from teola_core.ir.builder import GraphBuilder, Value
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind
 from teola_core.ir.types import PortType
@@ -114,36 +114,26 @@ def trace_rerank(
     return Value(node.id, "docs")
 
 
-class LlamaIndexRerankEngine(Engine):
+class LlamaIndexRerankEngine(JointCallEngine):
     """A node postprocessor as a RERANK engine (see the module docstring)."""
 
     kinds = frozenset({PrimitiveKind.RERANK})
     driver_only = True  # calls the app's postprocessor in the query's context
 
     def __init__(self, name: str, postprocessor: Any) -> None:
+        super().__init__()
         self.name = name
         self.postprocessor = postprocessor
         self.batch = batch_rerank_proof(postprocessor)
+        self.joint = self.batch is not None
         # A joint call is one model call: one at a time, the calls that queue meanwhile form the next.
-        concurrency = 1 if self.batch is not None or type(postprocessor) in _ONE_AT_A_TIME else 16
-        self.limits = EngineLimits(concurrency=concurrency, max_batch_items=None if self.batch else 1)
-        self.joint_calls = 0  # engine invocations that ran several queries' calls as one batch call
-        self.joint_failures = 0  # joint calls that raised (their calls were then run one by one)
+        concurrency = 1 if self.joint or type(postprocessor) in _ONE_AT_A_TIME else 16
+        self.limits = EngineLimits(concurrency=concurrency, max_batch_items=None if self.joint else 1)
 
-    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
-        if self.batch is not None and len(calls) > 1:
-            try:
-                outputs = await asyncio.to_thread(self.batch, self.postprocessor, [self._request(c) for c in calls])
-                if len(outputs) != len(calls):
-                    raise ValueError(
-                        f"{self.name}: the batch function returned {len(outputs)} results for {len(calls)}"
-                    )
-            except Exception:  # the joint call failed: each call runs alone below, and fails alone
-                self.joint_failures += 1
-            else:
-                self.joint_calls += 1
-                return [{"docs": out} for out in outputs]
-        return list(await asyncio.gather(*(self._one(c) for c in calls), return_exceptions=True))
+    async def run_jointly(self, calls: Sequence[Call]) -> list[CallResult]:
+        assert self.batch is not None
+        outputs = await asyncio.to_thread(self.batch, self.postprocessor, [self._request(c) for c in calls])
+        return [{"docs": out} for out in outputs]
 
     @staticmethod
     def _request(call: Call) -> Request:
@@ -152,7 +142,7 @@ class LlamaIndexRerankEngine(Engine):
             query = None if query is None else QueryBundle(query)
         return call.inputs["docs"], query
 
-    async def _one(self, call: Call) -> dict[str, Any]:
+    async def run_call(self, call: Call) -> dict[str, Any]:
         pp, ctx = self.postprocessor, call.inputs["ctx"]
         nodes, query = call.inputs["docs"], call.inputs["query"]
         if call.node.config["call"] == "query_str":  # `PostprocessorComponent`: the sync method, sync or async

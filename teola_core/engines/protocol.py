@@ -158,6 +158,36 @@ class PerCallEngine(Engine):
         return list(await asyncio.gather(*(self.run_call(c) for c in calls), return_exceptions=True))
 
 
+class JointCallEngine(PerCallEngine):
+    """A per-call engine whose calls may share one model call where the engine proves that
+    joint call returns what the calls would alone (`joint`): a batch of two or more runs as
+    `run_jointly`; if that raises (or returns the wrong count), each call runs alone
+    (`run_call`) and fails alone. `joint_calls` / `joint_failures` count what happened."""
+
+    joint: bool = False  # set where proven: only then do several calls share a model call
+
+    def __init__(self) -> None:
+        self.joint_calls = 0  # model calls that served several calls
+        self.joint_failures = 0  # joint calls that raised (their calls then ran one by one)
+
+    @abstractmethod
+    async def run_jointly(self, calls: Sequence[Call]) -> list[CallResult]:
+        """Every call's result from one joint model call (a call may still fail alone)."""
+
+    async def run(self, calls: Sequence[Call]) -> list[CallResult]:
+        if self.joint and len(calls) > 1:
+            try:
+                results = await self.run_jointly(calls)
+                if len(results) != len(calls):
+                    raise ValueError(f"{self.name}: a joint call gave {len(results)} results for {len(calls)} calls")
+            except Exception:  # each call runs alone below, and fails alone
+                self.joint_failures += 1
+            else:
+                self.joint_calls += 1
+                return results
+        return await super().run(calls)
+
+
 @dataclass
 class EngineSet:
     """The engines a runtime uses, by name. Passed explicitly; there is no global registry."""
