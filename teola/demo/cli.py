@@ -175,7 +175,8 @@ def time_note(plain: Any, teola: Any) -> str:
     one after another cost in decode time, and what overlapping retrieval with the model gave back."""
     return (
         f"llama.cpp time per run, plain / teola.optimize: reading prompts {plain.prefill_s:.2f} / "
-        f"{teola.prefill_s:.2f} s, writing {plain.decode_s:.2f} / {teola.decode_s:.2f} s, idle while "
+        f"{teola.prefill_s:.2f} s (prefill split: {teola.ahead_s:.2f} s of it prompt prefixes read before "
+        "the rest of their prompt was known), writing {plain.decode_s:.2f} / {teola.decode_s:.2f} s, idle while "
         f"retrieval ran {plain.idle_s:.2f} / {teola.idle_s:.2f} s (writing {teola.decode_s - plain.decode_s:+.2f} s: "
         f"fewer questions a step, earliest first; idle {teola.idle_s - plain.idle_s:+.2f} s: retrieval "
         "overlapped with the model's work)"

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from teola.demo.chain import QUESTIONS, build_chain
 from teola.demo.corpus import Paragraph, ingest, load_corpus
 from teola.demo.timeline import Run, call_bars, draw, llama_bars
+from teola_core.ir.kinds import PrimitiveKind
 
 RETRIEVE_K = 2  # paragraphs per expanded query
 # Each round runs both modes one after the other, the first round plain first, the second
@@ -69,22 +70,32 @@ class RunTimes:
 @dataclass(frozen=True)
 class LlamaTime:
     """Where one run's llama.cpp time went (seconds, summed over its instances): reading
-    prompts, writing tokens, and idle while the run lasted (waiting on retrieval)."""
+    prompts, writing tokens, and idle while the run lasted (waiting on retrieval); `ahead_s`:
+    of the reading, prompt prefixes read before the rest of their prompt was known (prefill
+    split: the answer prompt's instructions and question, while retrieval ran)."""
 
     prefill_s: float
     decode_s: float
     idle_s: float
+    ahead_s: float = 0.0
 
     @classmethod
     def of(cls, work: Sequence[Any], total_s: float, instances: int) -> LlamaTime:
         prefill = sum(w.ended - w.began for w in work if w.kind == "prefill")
         decode = sum(w.ended - w.began for w in work if w.kind == "decode")
-        return cls(prefill, decode, max(0.0, total_s * instances - prefill - decode))
+        ahead = sum(w.ended - w.began for w in work if w.kind == "prefill" and _partial(w))
+        return cls(prefill, decode, max(0.0, total_s * instances - prefill - decode), ahead)
 
     @classmethod
     def mean(cls, times: Sequence[LlamaTime]) -> LlamaTime:
         n = len(times)
-        return cls(*(sum(getattr(t, f) for t in times) / n for f in ("prefill_s", "decode_s", "idle_s")))
+        fields = ("prefill_s", "decode_s", "idle_s", "ahead_s")
+        return cls(*(sum(getattr(t, f) for t in times) / n for f in fields))
+
+
+def _partial(work: Any) -> bool:
+    """A prefill chunk of a partial prefill (a prefix read ahead of the rest of its prompt)."""
+    return bool(work.calls) and all(c.node.kind == PrimitiveKind.PARTIAL_PREFILL for c in work.calls)
 
 
 @dataclass

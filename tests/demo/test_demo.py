@@ -35,6 +35,26 @@ def test_llama_time_splits_a_run_into_reading_writing_and_idle() -> None:
     assert LlamaTime.mean([LlamaTime(1.0, 2.0, 0.0), LlamaTime(3.0, 2.0, 1.0)]) == LlamaTime(2.0, 2.0, 0.5)
 
 
+def test_llama_time_counts_the_prefixes_read_ahead() -> None:
+    from teola.demo.run import LlamaTime
+    from teola_adapters.llamacpp.worker import WorkDone
+    from teola_core.engines.protocol import Call
+    from teola_core.ir.kinds import PortSpec, PrimitiveKind
+    from teola_core.ir.node import Node
+    from teola_core.ir.types import PortType
+
+    def call(kind: PrimitiveKind) -> Call:
+        port = (PortSpec("prompt", PortType.ANY),)
+        return Call("q", Node(kind.value, kind, port, port, engine="llm"), {})
+
+    work = [
+        WorkDone("prefill", 0.0, 0.25, (call(PrimitiveKind.PARTIAL_PREFILL),)),
+        WorkDone("prefill", 0.5, 1.0, (call(PrimitiveKind.FULL_PREFILL),)),
+        WorkDone("decode", 1.0, 1.5, (call(PrimitiveKind.DECODE),)),
+    ]
+    assert LlamaTime.of(work, total_s=2.0, instances=1) == LlamaTime(0.75, 0.5, 0.75, 0.25)
+
+
 def test_collection_name_follows_the_content() -> None:
     corpus = load_corpus()
     assert collection_name(corpus) == collection_name(list(corpus))
