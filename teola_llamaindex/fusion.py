@@ -13,7 +13,7 @@ fuses with the retriever's own method and closes the records: the same records a
 With `decompose=True` the DECODE's items (`FusionQueries`, the retriever's own parse of
 its lines, incrementally) go to their EMBED + SEARCH as soon as each line is written; the
 original query's retrievals start at once; one step fuses (the records then differ). The
-rules, and when a fusion retriever runs as one call: docs/llamaindex.md ("QueryFusionRetriever").
+rules, and when it cannot stream (`why_not_traced`): docs/llamaindex.md ("QueryFusionRetriever").
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class _FusionQueriesParser(ItemParser):
 
 
 def why_not_traced(retriever: QueryFusionRetriever) -> str | None:
-    """Why this fusion retriever runs as one call (see the module docstring), or None."""
+    """Why `decompose=True` cannot stream this fusion retriever (it then takes the default
+    path, `trace_fusion_records`), or None."""
     if not all(decomposable(r) for r in retriever._retrievers):
         return "a sub-retriever is not a VectorIndexRetriever"
     if retriever._verbose and any(r._verbose for r in retriever._retrievers):
