@@ -32,6 +32,11 @@ _Job = tuple[Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop, 
 _WAKE = "wake"  # a held-back job may run now
 
 
+def _may_run(owner: object, holder: object) -> bool:
+    """A job submitted by `owner` may run now: nobody holds the caller, or `owner` does."""
+    return holder is None or owner is holder
+
+
 class CallerThread:
     """Runs a sync query's framework calls on the thread blocked in `serve` (the caller's),
     while the graph runs on another thread's loop (the caller's own loop is busy).
@@ -81,7 +86,7 @@ class CallerThread:
     def _next(self) -> _Job | None:
         while True:
             for i, job in enumerate(self._waiting):
-                if self._holder is None or job[3] is self._holder:
+                if _may_run(job[3], self._holder):
                     return self._waiting.pop(i)
             item = self._jobs.get()
             if item is None:
@@ -154,7 +159,7 @@ class CallerLoop:
     def _take(self) -> tuple[Callable[[], Any], asyncio.Future[Any], object] | None:
         """The first job that may run now (any, or the holder's), taken off the queue."""
         for i, job in enumerate(self._jobs):
-            if self._holder is None or job[2] is self._holder:
+            if _may_run(job[2], self._holder):
                 del self._jobs[i]
                 return job
         return None
@@ -165,7 +170,7 @@ class CallerLoop:
 
     async def _due(self, task: asyncio.Task[Any]) -> None:
         """Return once a framework call that may run is due, or the work is done."""
-        while not task.done() and not any(self._holder is None or job[2] is self._holder for job in self._jobs):
+        while not task.done() and not any(_may_run(job[2], self._holder) for job in self._jobs):
             self._wake = wake = asyncio.get_running_loop().create_future()
             task.add_done_callback(lambda _, wake=wake: wake.done() or wake.set_result(None))
             await wake

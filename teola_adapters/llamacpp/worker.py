@@ -147,9 +147,9 @@ class Worker:
             raise
 
     def _plan(self) -> Plan:
-        prefills = [Work(p.rank, item=p, joins=_joins(p), partial=not _joins(p)) for p in self._prefills]
+        prefills = [_prefill_work(p) for p in self._prefills]
         decodes = [Work(d.rank, d.job.cap, d.slot is not None, d, d.job.by_cost) for d in self._decodes]
-        begun = [Work(p.rank, item=p, joins=_joins(p), partial=not _joins(p)) for p in self._begun]
+        begun = [_prefill_work(p) for p in self._begun]
         reserve = 0 if begun else 1  # a sequence for the next prefill
         self._cost = cost_curve(self.step_costs) if self.step_costs else None
         size = self._step_size if self._cost is not None else None
@@ -299,10 +299,12 @@ class Worker:
                 job.future.set_exception(error)
 
 
-def _joins(prefill: _Prefill) -> bool:
-    """A full prompt's prefill: its query's decode follows (a partial prefill only prepares a prefix)."""
+def _prefill_work(prefill: _Prefill) -> Work:
+    """A prefill as the planner sees it: a full prompt's, whose query's decode follows (`joins`),
+    or a partial one's, which only prepares a prefix (`partial`)."""
     call = prefill.job.call
-    return call is not None and call.node.kind != PrimitiveKind.PARTIAL_PREFILL
+    joins = call is not None and call.node.kind != PrimitiveKind.PARTIAL_PREFILL
+    return Work(prefill.rank, item=prefill, joins=joins, partial=not joins)
 
 
 def _settle(job: Job, compute: Callable[[], Any]) -> None:
