@@ -3,7 +3,9 @@
 Checked: edges point at existing nodes and ports; every required input port has exactly
 one producer and no port has two; port types are compatible; guards come from
 conditions; the graph is acyclic with exactly one output; each kind has the config it
-needs (an engine for engine primitives, a template for format, ...).
+needs (an engine for engine primitives, a template for format, ...); a speculative node
+runs on an engine and feeds its named consumer by exactly one edge, with an output for
+each of its ports when withdrawn.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import Counter
 from teola_core.ir.errors import GraphError
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import Placement, PrimitiveKind, spec_of
+from teola_core.ir.node import Node
+from teola_core.ir.speculation import speculation_of
 from teola_core.ir.types import compatible
 
 _REQUIRED_CONFIG = {
@@ -81,6 +85,25 @@ def validate(graph: Graph) -> Graph:
                     f"but its template uses {sorted(template_vars)}"
                 )
 
+        _check_speculation(graph, node, where)
+
     graph.output_node  # noqa: B018 - raises unless exactly one output node
     graph.topological_order  # noqa: B018 - raises on a cycle, naming it
     return graph
+
+
+def _check_speculation(graph: Graph, node: Node, where: str) -> None:
+    speculation = speculation_of(node)
+    if speculation is None:
+        return
+    name = f"{where}: speculative node {node.id!r}"
+    if spec_of(node.kind).placement != Placement.ENGINE:
+        raise GraphError(f"{name} is a {node.kind.value}: only engine work can wait for idle engine time")
+    edges = [e for e in graph.data_out(node.id) if e.dst == speculation.consumer]
+    if len(edges) != 1 or any(c.dst == speculation.consumer for c in graph.control_out(node.id)):
+        raise GraphError(
+            f"{name} must feed its consumer {speculation.consumer!r} by exactly one data edge (found {len(edges)})"
+        )
+    missing = sorted({p.name for p in node.outputs} - set(speculation.withdrawn))
+    if missing:
+        raise GraphError(f"{name} has no withdrawn value for output port(s) {missing}")

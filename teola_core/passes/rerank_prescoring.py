@@ -7,9 +7,9 @@ candidate such a search can return is one of the ingested texts, which are known
 the start: the reranker, idle meanwhile, can score them all beside the embedder, and the
 rerank after the search becomes a lookup.
 
-    embed(T) -> ingest -> search -> ... -> rerank(q, candidates)        becomes
-    embed(T) -> ingest -> search -> ... -> candidates ─┐
-    rerank(q, T as documents) = scores ────────────────┼-> rank (lookup, the rerank's id)
+    embed(T) -> ingest -> search -> ... -> rerank(q, candidates)          becomes
+    embed(T) -> ingest -> search -> ... -> candidates ───┐
+    rerank(q, T[0:k]), rerank(q, T[k:2k]), ... = scores ─┼-> rank (lookup, the rerank's id)
       unscored(candidates, scores) -> any? ─branch 1─> rerank(q, unscored) ┘ (optional)
 
 Exact: a RERANK whose engine declares it splittable scores each (query, document text)
@@ -21,14 +21,20 @@ and `rank` orders as the engine does: best first, ties in candidate order, cut t
 fallback RERANK, which a condition skips when there is none, so an unused fallback
 never queues at the reranker.
 
-Only where it pays, by the profiles (`estimates.finish_times`, one query alone): scoring
-all |T| texts from when they are ready must fit `HEADROOM` times over before the
-candidates are known (the embedding, ingest, the queries' own path and the search it
-hides behind), on another engine and device than the texts' embedder (`EngineLimits.device`: a reranker
-on the embedder's CPU or model would only take turns with it). No rerank profile: no
-rewrite (it costs |T| / candidates times the rerank's work, so it is not done blind). A
-rerank inside a branch is left alone (its pre-scoring would run whether or not the
-branch is taken).
+Never at the expense of other work (`teola_core.ir.speculation`): the pieces are
+speculative, so the reranker starts one only when it has nothing else to do, and the
+pieces not started when the candidates are known are given up (their candidates go to
+the fallback rerank). Under load, or with a reranker slower than its profile, the pass
+costs at most one piece's wait; the pieces are as small as still fits (`_pieces`).
+
+Only where it can pay, by the profiles (`estimates.finish_times`, one query alone):
+scoring all |T| texts from when they and the rerank's query are ready must end before
+the candidates are known (the embedding, ingest, the queries' own path and the search it
+hides behind), on another engine and device than the texts' embedder
+(`EngineLimits.device`: a reranker on the embedder's CPU or model would only take turns
+with it). No rerank profile: no rewrite (it costs |T| / candidates times the rerank's
+work, so it is not done blind). A rerank inside a branch is left alone (its pre-scoring
+would run whether or not the branch is taken).
 """
 
 from __future__ import annotations
@@ -40,17 +46,13 @@ from typing import Any
 
 from teola_core.ir.graph import Graph, GraphEditor
 from teola_core.ir.kinds import Capabilities, PortSpec, PrimitiveKind, spec_of
-from teola_core.ir.node import ControlEdge, DataEdge, Node
+from teola_core.ir.node import ControlEdge, DataEdge, ItemSlice, Node
+from teola_core.ir.speculation import SPECULATIVE, Speculation
 from teola_core.ir.types import Document, PortType, Scored
 from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.estimates import finish_times
 
 ROLE = "prescoring"  # config key on the nodes this pass adds: they are never rewritten again
-# The pre-scoring must fit this many times over before the candidates are known: the
-# profiles time one query alone, and under load the reranker also serves other queries'
-# pre-scorings (measured on advanced RAG at 0.5 q/s: a pre-scoring that fit once over
-# lost 6 % of mean latency with the reranker 1.3x slower than profiled).
-HEADROOM = 1.2
 
 
 def as_documents(texts: Sequence[Any]) -> list[Document]:
@@ -58,10 +60,10 @@ def as_documents(texts: Sequence[Any]) -> list[Document]:
     return [t if isinstance(t, Document) else Document(f"prescored/{i}", t) for i, t in enumerate(texts)]
 
 
-def unscored(candidates: Sequence[Any], scored: Sequence[Scored]) -> list[Any]:
-    """Candidates without a pre-computed score (anything not a Document goes to the
-    fallback rerank too, which fails on it as the original rerank would)."""
-    known = {s.doc.text for s in scored}
+def unscored(candidates: Sequence[Any], **parts: Sequence[Scored]) -> list[Any]:
+    """Candidates without a pre-computed score in any part (anything not a Document goes
+    to the fallback rerank too, which fails on it as the original rerank would)."""
+    known = {s.doc.text for part in parts.values() for s in part}
     return [d for d in candidates if not (isinstance(d, Document) and d.text in known)]
 
 
@@ -71,13 +73,20 @@ def any_unscored(missing: Sequence[Any]) -> int:
 
 
 def rank(
-    candidates: Sequence[Document], scored: Sequence[Scored], top_k: int | None, rest: Sequence[Scored] = ()
+    candidates: Sequence[Document], top_k: int | None, rest: Sequence[Scored] = (), **parts: Sequence[Scored]
 ) -> list[Scored]:
     """The rerank's result from known scores: best first, ties in candidate order."""
-    score = {s.doc.text: s.score for s in scored}
+    score = {s.doc.text: s.score for part in parts.values() for s in part}
     score.update((s.doc.text, s.score) for s in rest)
     ranked = sorted((Scored(d, score[d.text]) for d in candidates), key=lambda s: -s.score)
     return ranked if top_k is None else ranked[: int(top_k)]
+
+
+def chunks(texts: int, size: int) -> list[ItemSlice]:
+    """Slices of `texts` texts, `size` each, the last one open-ended (a run with more texts
+    than the build-time count still scores them all)."""
+    size = max(1, size)
+    return [ItemSlice(a, a + size if a + size < texts else None) for a in range(0, texts, size)]
 
 
 class RerankPrescoring(Pass):
@@ -92,9 +101,10 @@ class RerankPrescoring(Pass):
             if not node.caps.splittable:  # its engine scores a list as a whole (softmax, listwise)
                 continue
             found = _ingest_behind(current, node)
-            if found is None or not _pays(current, node, found, ctx):
+            pieces = None if found is None else _pieces(current, node, found, ctx)
+            if found is None or pieces is None:
                 continue
-            current = _rewrite(current, node, found)
+            current = _rewrite(current, node, found, pieces)
         return current
 
 
@@ -123,33 +133,54 @@ def _ingest_behind(graph: Graph, rerank: Node) -> Node | None:
     return ingest if ingest.kind == PrimitiveKind.INGEST and ingest.items else None
 
 
-def _pays(graph: Graph, rerank: Node, ingest: Node, ctx: PassContext) -> bool:
-    """By the profiles, scoring every ingested text, from when the texts are ready, ends no
-    later than the candidates are known, on another engine and device than the texts' embedder."""
+def _pieces(graph: Graph, rerank: Node, ingest: Node, ctx: PassContext) -> list[ItemSlice] | None:
+    """How to split the pre-scoring, or None where it does not pay.
+
+    By the profiles, scoring every ingested text, from when the texts and the rerank's
+    query are ready, must end no later than the candidates are known, on another engine
+    and device than the texts' embedder. The pieces are as small as still fits, from the
+    rerank's own candidate count up: a piece started just before a rerank of other work
+    arrives delays that rerank by at most one piece (the engine starts pieces only when
+    idle), and many small pieces cost more than one (a batch's fixed cost).
+    """
     assert ingest.items is not None
     embeds = [graph.nodes[e.src] for e in graph.data_in(ingest.id) if e.dst_port == "vectors"]
     if any(e.engine == rerank.engine or ctx.same_device(e.engine, rerank.engine) for e in embeds):
-        return False
-    pre = ctx.latency(rerank.engine, "rerank", ingest.items)
-    if pre is None:
-        return False
+        return None
+    if ctx.latency(rerank.engine, "rerank", ingest.items) is None:
+        return None
     finish = finish_times(graph, ctx)
     texts = next(e.src for e in graph.data_in(ingest.id) if e.dst_port == "texts")
-    candidates = next(e.src for e in graph.data_in(rerank.id) if e.dst_port == "docs")
-    return finish[texts] + HEADROOM * pre <= finish[candidates]
+    inputs = {e.dst_port: e.src for e in graph.data_in(rerank.id)}
+    slack = finish[inputs["docs"]] - max(finish[texts], finish[inputs["query"]])
+    size = rerank.items or ingest.items
+    while True:
+        pieces = chunks(ingest.items, size)
+        cost = sum(ctx.latency(rerank.engine, "rerank", _size(p, ingest.items)) or 0.0 for p in pieces)
+        if cost <= slack:
+            return pieces
+        if size >= ingest.items:
+            return None
+        size *= 2
 
 
-def _rewrite(graph: Graph, rerank: Node, ingest: Node) -> Graph:
+def _size(piece: ItemSlice, texts: int) -> int:
+    return (texts if piece.stop is None else piece.stop) - piece.start
+
+
+def _rewrite(graph: Graph, rerank: Node, ingest: Node, pieces: Sequence[ItemSlice]) -> Graph:
+    assert ingest.items is not None
     editor = graph.edit()
     inputs = {e.dst_port: e for e in editor.data_in(rerank.id)}
     texts = next(e for e in editor.data_in(ingest.id) if e.dst_port == "texts")
     query, candidates = inputs["query"], inputs["docs"]
+    parts = [f"scored_{i}" for i in range(len(pieces))]
 
-    def call(suffix: str, fn: Any, ports: Sequence[PortSpec], out: str) -> Node:
+    def call(suffix: str, fn: Any, ports: Sequence[str], out: str) -> Node:
         node = Node(
             editor.fresh_id(f"{rerank.id}/{suffix}"),
             PrimitiveKind.CALL,
-            tuple(ports),
+            tuple(PortSpec(p, PortType.ANY) for p in ports),
             (PortSpec(out, PortType.ANY),),
             config={"fn": fn, "inline": True, ROLE: suffix},
             module=rerank.module,
@@ -157,14 +188,14 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node) -> Graph:
         )
         return editor.add_node(node)
 
-    def scorer(suffix: str, items: int | None) -> Node:
+    def scorer(suffix: str, items: int | None, **config: Any) -> Node:
         node = Node(
             editor.fresh_id(f"{rerank.id}/{suffix}"),
             PrimitiveKind.RERANK,
             rerank.inputs,
             rerank.outputs,
             engine=rerank.engine,
-            config={**rerank.config, "top_k": None, ROLE: suffix},
+            config={**rerank.config, "top_k": None, ROLE: suffix, **config},
             caps=rerank.caps,
             items=items,
             module=rerank.module,
@@ -172,17 +203,21 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node) -> Graph:
         )
         return editor.add_node(node)
 
-    docs = call("as_documents", as_documents, [PortSpec("texts", PortType.ANY)], "value")
+    docs = call("as_documents", as_documents, ["texts"], "value")
     editor.connect(DataEdge(texts.src, texts.src_port, docs.id, "texts", texts.select))
-    pre = scorer("prescore", ingest.items)
-    editor.connect(DataEdge(query.src, query.src_port, pre.id, "query", query.select))
-    editor.connect(DataEdge(docs.id, "value", pre.id, "docs"))
-
-    missing = call(
-        "unscored", unscored, [PortSpec("candidates", PortType.ANY), PortSpec("scored", PortType.ANY)], "value"
-    )
+    missing = call("unscored", unscored, ["candidates", *parts], "value")
     editor.connect(DataEdge(candidates.src, candidates.src_port, missing.id, "candidates", candidates.select))
-    editor.connect(DataEdge(pre.id, "docs", missing.id, "scored"))
+    # Each piece takes only idle reranker time and is given up unstarted once the
+    # candidates are known: the candidates it would have scored go to the fallback rerank.
+    scorers = []
+    for i, (part, piece) in enumerate(zip(parts, pieces, strict=True)):
+        suffix = "prescore" if len(pieces) == 1 else f"prescore/{i}"
+        pre = scorer(suffix, _size(piece, ingest.items), **{SPECULATIVE: Speculation(missing.id, {"docs": ()})})
+        editor.connect(DataEdge(query.src, query.src_port, pre.id, "query", query.select))
+        editor.connect(DataEdge(docs.id, "value", pre.id, "docs", piece))
+        editor.connect(DataEdge(pre.id, "docs", missing.id, part))
+        scorers.append(pre)
+
     spec = spec_of(PrimitiveKind.CONDITION)
     assert spec.inputs is not None and spec.outputs is not None
     choose = editor.add_node(
@@ -202,22 +237,26 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node) -> Graph:
     editor.connect(DataEdge(missing.id, "value", rest.id, "docs"))
     editor.connect(ControlEdge(choose.id, rest.id, branch=1))
 
-    _replace_with_rank(editor, rerank, candidates, pre, rest)
+    _replace_with_rank(editor, rerank, candidates, scorers, rest)
     editor.note(
-        f"{RerankPrescoring.name}: {rerank.describe()} looks up scores {pre.id} computes for the "
-        f"{ingest.items} texts {ingest.id} ingests (beside their embedding); {rest.id} scores any other candidate"
+        f"{RerankPrescoring.name}: {rerank.describe()} looks up scores that {len(scorers)} speculative "
+        f"rerank(s) compute for the {ingest.items} texts {ingest.id} ingests (beside their embedding, in "
+        f"idle reranker time only); {rest.id} scores any other candidate"
     )
     return editor.freeze()
 
 
-def _replace_with_rank(editor: GraphEditor, rerank: Node, candidates: DataEdge, pre: Node, rest: Node) -> None:
+def _replace_with_rank(
+    editor: GraphEditor, rerank: Node, candidates: DataEdge, scorers: Sequence[Node], rest: Node
+) -> None:
     """The rerank becomes an inline CALL of `rank` under the same id: its consumers, order
     edges and id (in traces and errors) stay."""
     for e in editor.data_in(rerank.id):
         editor.disconnect(e)
+    parts = [f"scored_{i}" for i in range(len(scorers))]
     ports = (
         PortSpec("candidates", PortType.ANY),
-        PortSpec("scored", PortType.ANY),
+        *(PortSpec(p, PortType.ANY) for p in parts),
         PortSpec("rest", PortType.ANY, optional=True),
     )
     top_k = rerank.config.get("top_k")
@@ -234,5 +273,6 @@ def _replace_with_rank(editor: GraphEditor, rerank: Node, candidates: DataEdge, 
         )
     )
     editor.connect(DataEdge(candidates.src, candidates.src_port, rerank.id, "candidates", candidates.select))
-    editor.connect(DataEdge(pre.id, "docs", rerank.id, "scored"))
+    for part, pre in zip(parts, scorers, strict=True):
+        editor.connect(DataEdge(pre.id, "docs", rerank.id, part))
     editor.connect(DataEdge(rest.id, "docs", rerank.id, "rest"))

@@ -55,11 +55,15 @@ from teola_core.scheduler.events import (
     NodeFinished,
     NodeReady,
     NodeStarted,
+    NodeWithdrawn,
     QueryCancelRequested,
     QueryDone,
     QueryFailed,
     QuerySubmitted,
     RunBatch,
+    Withdrawn,
+    WithdrawNode,
+    WithdrawRequested,
 )
 from teola_core.scheduler.graph_scheduler import GraphScheduler
 
@@ -246,6 +250,10 @@ class LocalRuntime(Runtime):
             for node_id in action.node_ids:
                 if node_id in tasks:
                     tasks.pop(node_id).cancel()
+        elif isinstance(action, WithdrawNode):
+            assert action.node.engine is not None  # only engine work is speculative (validated)
+            withdraw = WithdrawRequested(query_id=action.query_id, node_id=action.node.id, now=self._clock())
+            self._to_engine(action.node.engine, withdraw)
         else:
             raise TypeError(f"unknown graph action {action!r}")
 
@@ -348,6 +356,11 @@ class LocalRuntime(Runtime):
                 task = self._batches.get((name, action.batch_id))
                 if task is not None:
                     task.cancel()
+            elif isinstance(action, Withdrawn):  # never ran: no span, its outputs from its speculation
+                run = self._queries.get(action.query_id)
+                if run is not None:
+                    run.ready_at.pop(action.node.id, None)
+                    self._feed(NodeWithdrawn(query_id=action.query_id, node_id=action.node.id, now=self._clock()))
             elif self._closed:  # nothing starts any more: the slot is free at once
                 self._engine_handle(name, BatchFinished(batch_id=action.batch_id, now=self._clock()))
             else:

@@ -17,8 +17,12 @@ State:
                larger than it runs alone); the policy may narrow it (po: 1, to: fixed)
     batch cost the engine's batch latency by items (optional): topology lets a node
                past the max batch ride along when it is cheap there (see `policies`)
+    spare      speculative nodes (`teola_core.ir.speculation`), by arrival: one starts,
+               alone, only when the engine runs nothing and the policy holds nothing,
+               so they take only time the engine would idle
 
-Transitions: `NodeReady` queues a node; `BatchFinished` frees its slot;
+Transitions: `NodeReady` queues a node (a speculative one in spare); `BatchFinished`
+frees its slot; `WithdrawRequested` drops a spare node not yet started (`Withdrawn`);
 `QueryCancelRequested` (the query failed or was cancelled) drops the query's pending
 nodes, and every running batch that no other live query needs gets a `CancelBatch`.
 After every call, while a slot is free and nodes are pending, the policy picks the next
@@ -32,10 +36,12 @@ batch and a `RunBatch` goes out.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from itertools import count
 
 from teola_core.engines.protocol import Engine, EngineSet
+from teola_core.ir.speculation import speculation_of
 from teola_core.scheduler.events import (
     BatchFinished,
     CancelBatch,
@@ -46,6 +52,8 @@ from teola_core.scheduler.events import (
     QueryCancelRequested,
     RunBatch,
     SchedulerError,
+    Withdrawn,
+    WithdrawRequested,
 )
 from teola_core.scheduler.policies import BatchCost, Policy, make_policy
 from teola_core.scheduler.sizing import batch_cost as batch_cost_of
@@ -87,6 +95,8 @@ class EngineScheduler:
         self._running: dict[int, _Running] = {}
         self._by_query: dict[str, set[int]] = {}  # query -> running batches holding its calls
         self._ids = count()
+        self._spare: list[tuple[float, int, NodeReady]] = []  # (arrival, seq, node), sorted
+        self._spare_seq = count()
 
     @classmethod
     def for_engine(
@@ -132,7 +142,13 @@ class EngineScheduler:
 
     @property
     def pending(self) -> int:
+        """Nodes waiting for the engine (speculative ones not counted: they wait for idle time)."""
         return len(self.policy)
+
+    @property
+    def spare(self) -> int:
+        """Speculative nodes waiting for idle engine time."""
+        return len(self._spare)
 
     @property
     def running(self) -> tuple[RunBatch, ...]:
@@ -143,11 +159,17 @@ class EngineScheduler:
         actions: list[EngineAction] = []
         for event in events:
             if isinstance(event, NodeReady):
-                self.policy.push(event)
+                if speculation_of(event.node) is None:
+                    self.policy.push(event)
+                else:
+                    bisect.insort(self._spare, (event.arrival, next(self._spare_seq), event))
             elif isinstance(event, BatchFinished):
                 self._finished(event.batch_id)
+            elif isinstance(event, WithdrawRequested):
+                actions.extend(self._withdraw(event.query_id, event.node_id))
             elif isinstance(event, QueryCancelRequested):
                 self.policy.drop_query(event.query_id)
+                self._spare = [entry for entry in self._spare if entry[2].query_id != event.query_id]
                 actions.extend(self._forget(event.query_id))
             elif isinstance(event, ConcurrencyChanged):
                 if event.concurrency < 1:
@@ -157,18 +179,30 @@ class EngineScheduler:
                 raise SchedulerError(f"engine scheduler cannot handle {type(event).__name__}")
         limit = self.policy.limit(self.max_batch_items)
         while len(self._running) < self.concurrency and len(self.policy):
-            batch = self.policy.take(limit, self.batch_cost)
-            run = RunBatch(
-                engine=self.engine,
-                batch_id=next(self._ids),
-                calls=tuple(r.call() for r in batch),
-                stream=batch[0].stream,
-            )
-            running = self._running[run.batch_id] = _Running(run)
-            for query_id in running.needed_by:
-                self._by_query.setdefault(query_id, set()).add(run.batch_id)
-            actions.append(run)
+            actions.append(self._run(self.policy.take(limit, self.batch_cost)))
+        if not self._running and not len(self.policy) and self._spare:
+            actions.append(self._run([self._spare.pop(0)[2]]))
         return actions
+
+    def _run(self, batch: list[NodeReady]) -> RunBatch:
+        run = RunBatch(
+            engine=self.engine,
+            batch_id=next(self._ids),
+            calls=tuple(r.call() for r in batch),
+            stream=batch[0].stream,
+        )
+        running = self._running[run.batch_id] = _Running(run)
+        for query_id in running.needed_by:
+            self._by_query.setdefault(query_id, set()).add(run.batch_id)
+        return run
+
+    def _withdraw(self, query_id: str, node_id: str) -> list[Withdrawn]:
+        """Drop the query's spare node if it has not started; nothing if it has."""
+        for i, (_, _, ready) in enumerate(self._spare):
+            if ready.query_id == query_id and ready.node.id == node_id:
+                del self._spare[i]
+                return [Withdrawn(query_id=query_id, node=ready.node)]
+        return []
 
     def _finished(self, batch_id: int) -> None:
         running = self._running.pop(batch_id, None)

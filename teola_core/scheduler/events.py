@@ -10,9 +10,12 @@ so a test can feed events one by one and compare the actions exactly:
     gs.handle(NodeFinished(query_id="q", node_id=dispatch.node.id, outputs={...}, now=1.0))
 
 Graph scheduler: `QuerySubmitted`, `NodeStarted`, `NodeFinished`, `NodeFailed`,
-`QueryCancelRequested` in; `Dispatch`, `QueryDone`, `QueryFailed`, `CancelNodes` out.
-Engine scheduler: `NodeReady`, `BatchFinished`, `QueryCancelRequested`, `ConcurrencyChanged` in; `RunBatch`,
-`CancelBatch` out. Stream groups (`streams`): see `teola_core.scheduler.streams`.
+`NodeWithdrawn`, `QueryCancelRequested` in; `Dispatch`, `QueryDone`, `QueryFailed`,
+`CancelNodes`, `WithdrawNode` out. Engine scheduler: `NodeReady`, `BatchFinished`,
+`QueryCancelRequested`, `ConcurrencyChanged`, `WithdrawRequested` in; `RunBatch`,
+`CancelBatch`, `Withdrawn` out. A speculative node (`teola_core.ir.speculation`) given
+up goes `WithdrawNode` -> `WithdrawRequested` -> `Withdrawn` (only if its engine had not
+started it) -> `NodeWithdrawn`. Stream groups (`streams`): see `teola_core.scheduler.streams`.
 """
 
 from __future__ import annotations
@@ -82,7 +85,17 @@ class QueryCancelRequested:
     now: float
 
 
-GraphEvent = QuerySubmitted | NodeStarted | NodeFinished | NodeFailed | QueryCancelRequested
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeWithdrawn:
+    """A speculative node was given up before its engine started it: it settles with its
+    speculation's withdrawn outputs."""
+
+    query_id: str
+    node_id: str
+    now: float
+
+
+GraphEvent = QuerySubmitted | NodeStarted | NodeFinished | NodeFailed | NodeWithdrawn | QueryCancelRequested
 
 
 # -- graph scheduler: actions ------------------------------------------------------------
@@ -125,7 +138,16 @@ class CancelNodes:
     node_ids: tuple[str, ...]
 
 
-GraphAction = Dispatch | QueryDone | QueryFailed | CancelNodes
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WithdrawNode:
+    """Give up a dispatched speculative node if its engine has not started it (it is all its
+    consumer still waits for); a started one runs on."""
+
+    query_id: str
+    node: Node
+
+
+GraphAction = Dispatch | QueryDone | QueryFailed | CancelNodes | WithdrawNode
 
 
 # -- engine scheduler --------------------------------------------------------------------
@@ -186,7 +208,16 @@ class ConcurrencyChanged:
     concurrency: int
 
 
-EngineEvent = NodeReady | BatchFinished | QueryCancelRequested | ConcurrencyChanged
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WithdrawRequested:
+    """Drop a speculative node still queued (`Withdrawn` says it was); no-op once started."""
+
+    query_id: str
+    node_id: str
+    now: float
+
+
+EngineEvent = NodeReady | BatchFinished | QueryCancelRequested | ConcurrencyChanged | WithdrawRequested
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,4 +243,12 @@ class CancelBatch:
     batch_id: int
 
 
-EngineAction = RunBatch | CancelBatch
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Withdrawn:
+    """A queued speculative node was dropped before it started."""
+
+    query_id: str
+    node: Node
+
+
+EngineAction = RunBatch | CancelBatch | Withdrawn

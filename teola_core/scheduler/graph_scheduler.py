@@ -20,7 +20,16 @@ Transitions:
     ready   -> running   `NodeStarted` (optional: the runtime says the engine began)
     ready|running -> done     `NodeFinished`; its consumers' counters drop
     ready|running -> failed   `NodeFailed`: `QueryFailed` + `CancelNodes` for the rest
+    ready   -> done      `NodeWithdrawn`: a speculative node given up unstarted settles with
+                         its speculation's withdrawn outputs
+    waiting -> done      a speculative node given up before it was ready settles so when
+                         its sources have (never dispatched)
     *       -> cancelled      `QueryCancelRequested` (or another node failed)
+
+Giving up (`teola_core.ir.speculation`): when a speculative node is all its consumer still
+waits for, the scheduler gives it up: `WithdrawNode` if it is dispatched (its engine drops
+it if not started and says so with `NodeWithdrawn`; a started one runs on), else it
+settles unrun once its own sources have.
 
 Settling a node touches only its out-edges and the inputs of the nodes it makes ready,
 so an event costs O(affected nodes), whatever the size of the graph or the number of
@@ -46,11 +55,13 @@ from teola_core.scheduler.events import (
     NodeFailed,
     NodeFinished,
     NodeStarted,
+    NodeWithdrawn,
     QueryCancelRequested,
     QueryDone,
     QueryFailed,
     QuerySubmitted,
     SchedulerError,
+    WithdrawNode,
 )
 from teola_core.scheduler.graph_state import (
     ROLE_DISPATCHED,
@@ -126,6 +137,12 @@ class GraphScheduler:
         try:
             if isinstance(event, NodeFinished):
                 self._finished(q, event, actions)
+            elif isinstance(event, NodeWithdrawn):
+                i = self._index(q, event.node_id, _D)
+                self._move(q, i, (_R,), _D, event.now, "withdrawn unstarted")
+                del q.in_flight[i]
+                self._fill_withdrawn(q, i)
+                self._settle(q, i, event.now, actions)
             elif isinstance(event, NodeStarted):
                 i = self._index(q, event.node_id, _X)
                 self._move(q, i, (_R,), _X, event.now, "started")
@@ -210,6 +227,26 @@ class GraphScheduler:
         """`first` is done or skipped: tell its dependents, resolve those now unblocked."""
         self._resolve(q, deque(), now, actions, settled=first)
 
+    @staticmethod
+    def _fill_withdrawn(q: QueryState, i: int) -> None:
+        """A given-up speculative node's outputs: its speculation's withdrawn ones."""
+        speculation = q.plan.speculations[i]
+        assert speculation is not None
+        q.outputs[i] = dict(speculation.withdrawn)
+
+    def _give_up_if_alone(self, q: QueryState, consumer: int, actions: list[GraphAction]) -> None:
+        """Give up the consumer's unsettled speculative sources once they are all it waits for
+        (each feeds it by one edge, so they are the rest of its count)."""
+        open_ = [s for s in q.plan.speculative_inputs[consumer] if q.state[s] in (_W, _R, _X)]
+        if not open_ or q.remaining[consumer] != len(open_):
+            return
+        for s in open_:
+            if q.given_up[s]:
+                continue
+            q.given_up[s] = 1
+            if q.state[s] is _R:
+                actions.append(WithdrawNode(query_id=q.query_id, node=q.plan.nodes[s]))
+
     def _resolve(
         self, q: QueryState, unblocked: deque[int], now: float, actions: list[GraphAction], settled: int | None = None
     ) -> None:
@@ -218,6 +255,7 @@ class GraphScheduler:
         A worklist, not recursion: a skip can cascade through a long chain.
         """
         plan, remaining, skip, state = q.plan, q.remaining, q.skip, q.state
+        waits_on_speculation = plan.speculative_inputs
         settled_queue: deque[int] = deque() if settled is None else deque((settled,))
         while settled_queue or unblocked:
             while settled_queue:
@@ -230,6 +268,8 @@ class GraphScheduler:
                     remaining[dst] -= 1
                     if remaining[dst] == 0:
                         unblocked.append(dst)
+                    elif dst in waits_on_speculation:
+                        self._give_up_if_alone(q, dst, actions)
                 if plan.control_out[n]:
                     outputs = q.outputs[n]
                     branch = outputs.get("branch") if done and plan.is_condition[n] and outputs else None
@@ -241,10 +281,17 @@ class GraphScheduler:
                         remaining[dst] -= 1
                         if remaining[dst] == 0:
                             unblocked.append(dst)
+                        elif dst in waits_on_speculation:
+                            self._give_up_if_alone(q, dst, actions)
             if unblocked:
                 i = unblocked.popleft()
                 if skip[i]:
                     self._move(q, i, (_W,), _S, now, "skipped")
+                    settled_queue.append(i)
+                    continue
+                if q.given_up[i]:  # a speculative node its consumer stopped waiting for
+                    self._move(q, i, (_W,), _D, now, "given up before it was ready")
+                    self._fill_withdrawn(q, i)
                     settled_queue.append(i)
                     continue
                 role = plan.roles[i]

@@ -5,7 +5,7 @@ only code that changes these records.
 
 Per graph, once (`GraphPlan`, cached by graph): node indexes, in-edge counts, each node's
 producers (for its inputs) and consumers (data edges: does a skip propagate along it;
-control edges: the guard's branch).
+control edges: the guard's branch), and which nodes wait on speculative ones.
 
 State, per query (`QueryState`), over the node indexes of its graph's plan:
 
@@ -15,6 +15,7 @@ State, per query (`QueryState`), over the node indexes of its graph's plan:
     outputs    node -> its output values, once done
     in_flight  dispatched nodes not yet finished (ready or running)
     unsettled  nodes neither done nor skipped; the query is done when it reaches 0
+    given_up   speculative nodes given up (withdrawn, or to settle unrun when unblocked)
     story      every transition (node, from, to, time, cause), for `InvalidTransition`
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PrimitiveKind
 from teola_core.ir.node import ItemSlice, Node
+from teola_core.ir.speculation import Speculation, speculation_of
 from teola_core.scheduler.events import SchedulerError
 
 
@@ -90,6 +92,9 @@ class GraphPlan:
     control_out: tuple[tuple[tuple[int, int | None], ...], ...]
     is_condition: tuple[bool, ...]
     roots: tuple[int, ...]
+    speculations: tuple[Speculation | None, ...]
+    # consumer index -> the speculative nodes whose give-up its wait decides
+    speculative_inputs: Mapping[int, tuple[int, ...]]
 
     @classmethod
     def of(cls, graph: Graph) -> GraphPlan:
@@ -111,6 +116,12 @@ class GraphPlan:
             src, dst = index[c.src], index[c.dst]
             control_out[src].append((dst, c.branch))
             in_count[dst] += 1
+        speculations = tuple(speculation_of(n) for n in nodes)
+        speculative_inputs: dict[int, tuple[int, ...]] = {}
+        for i, speculation in enumerate(speculations):
+            if speculation is not None:
+                consumer = index[speculation.consumer]
+                speculative_inputs[consumer] = (*speculative_inputs.get(consumer, ()), i)
         roles = tuple(
             ROLE_INPUT
             if n.kind == PrimitiveKind.INPUT
@@ -131,6 +142,8 @@ class GraphPlan:
             control_out=tuple(tuple(c) for c in control_out),
             is_condition=tuple(n.kind == PrimitiveKind.CONDITION for n in nodes),
             roots=tuple(i for i, n in enumerate(in_count) if n == 0),
+            speculations=speculations,
+            speculative_inputs=speculative_inputs,
         )
 
 
@@ -140,6 +153,7 @@ class QueryState:
     __slots__ = (
         "arrival",
         "depths",
+        "given_up",
         "in_flight",
         "inputs",
         "outputs",
@@ -165,6 +179,7 @@ class QueryState:
         self.state: list[NodeState] = [NodeState.WAITING] * n
         self.remaining: list[int] = list(plan.in_count)
         self.skip = bytearray(n)
+        self.given_up = bytearray(n)
         self.outputs: list[Mapping[str, Any] | None] = [None] * n
         self.in_flight: dict[int, None] = {}  # ordered set
         self.unsettled = n

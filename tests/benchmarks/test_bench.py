@@ -100,8 +100,10 @@ def test_unknown_system_is_named() -> None:
 
 def test_overhead_counts_every_dispatched_primitive() -> None:
     result = asyncio.run(measure_overhead(WORKLOADS["advanced_rag"], queries=20))
-    # 24 dispatched primitives per advanced-RAG e-graph (rerank pre-scoring's fallback is skipped)
-    assert result.primitives == 20 * 24
+    # An advanced-RAG e-graph dispatches 23 primitives, plus the rerank pre-scoring's pieces
+    # the reranker started (0-4: the others are given up once the candidates are known) and,
+    # unless all 4 ran, the fallback rerank: 24 to 27 per query.
+    assert 20 * 24 <= result.primitives <= 20 * 27
     assert result.dispatches_per_s > 0
 
 

@@ -11,6 +11,7 @@ from toy_engines import meb_profile, toy_engines
 from teola_core.ir.builder import GraphBuilder
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import PrimitiveKind
+from teola_core.ir.speculation import SPECULATIVE
 from teola_core.ir.types import Document, PortType
 from teola_core.passes import PassContext, PassManager, RerankPrescoring
 from teola_core.runtime.base import PrimitiveSpan
@@ -27,14 +28,17 @@ def ctx(rerank_seconds: float = 0.5) -> PassContext:
             "embedder": meb_profile("embedder", embed=16),
             "vectordb": meb_profile("vectordb", seconds=0.5, ingest=16, search=16),
             "reranker": meb_profile("reranker", seconds=rerank_seconds, rerank=16),
+            "llm": meb_profile("llm", seconds=5.0, prefill=16, decode=16),
         }
     )
 
 
-def rag(extra: str | None = None, guarded: bool = False) -> Graph:
-    """docs -> embed -> ingest; question -> embed -> search -> merge [+ one outside doc] -> rerank."""
+def rag(extra: str | None = None, guarded: bool = False, candidates: int | None = None, rewrite: bool = False) -> Graph:
+    """docs -> embed -> ingest; question -> embed -> search -> merge [+ one outside doc] -> rerank
+    (`candidates`: the rerank's expected item count; `rewrite`: its query is a model's rewrite)."""
     b = GraphBuilder("rag")
     question = b.input("question", PortType.TEXT)
+    query = b.llm(b.format("Rewrite: {q}", q=question), engine="llm", max_tokens=8).text if rewrite else question
     docs = b.input("docs", PortType.TEXTS)
     vectors = b.embed(docs, engine="embedder", items=len(DOCS))
     index = b.ingest(docs, vectors, engine="vectordb", items=len(DOCS), collection="c")
@@ -44,13 +48,13 @@ def rag(extra: str | None = None, guarded: bool = False) -> Graph:
     def merge(hits: list[list[Document]]) -> list[Document]:
         return hits[0] + ([Document("outside", extra)] if extra is not None else [])
 
-    candidates = b.call(merge, {"hits": hits}, name="merge", inline=True)
+    found = b.call(merge, {"hits": hits}, name="merge", inline=True)
     if guarded:
         cond = b.condition(question, lambda q: 1, branches=2)
         with b.branch(cond, 1):
-            ranked = b.rerank(question, candidates, engine="reranker", top_k=3, name="rerank")
+            ranked = b.rerank(query, found, engine="reranker", top_k=3, name="rerank", items=candidates)
     else:
-        ranked = b.rerank(question, candidates, engine="reranker", top_k=3, name="rerank")
+        ranked = b.rerank(query, found, engine="reranker", top_k=3, name="rerank", items=candidates)
     b.output(ranked=ranked)
     return b.build()
 
@@ -110,7 +114,30 @@ def test_left_alone_where_it_does_not_pay_or_cannot_be_known() -> None:
     assert optimize(graph, shared) is graph  # one device: the pre-scoring would only take turns with the embedding
     guarded = rag(guarded=True)
     assert optimize(guarded, ctx()) is guarded  # inside a branch: it would run whether taken or not
-    assert optimize(graph, ctx(rerank_seconds=2.0)) is graph  # it fits once, not with headroom for load
+    late = rag(rewrite=True)
+    assert optimize(late, ctx()) is late  # its query (a model's rewrite) comes too late to score ahead
+
+
+def test_the_pre_scoring_runs_in_pieces_as_small_as_still_fit() -> None:
+    """A rerank of 4 candidates: pieces of 4 texts where two fit before the candidates are
+    known, else one piece of all 8 (one batch costs less than two), else nothing."""
+
+    def scorers(graph: Graph) -> list[tuple[str, int | None, object]]:
+        return [
+            (n.id, n.items, n.config[SPECULATIVE].consumer) for n in graph.nodes.values() if SPECULATIVE in n.config
+        ]
+
+    assert scorers(optimize(rag(candidates=4), ctx(0.5))) == [
+        ("rerank/prescore/0", 4, "rerank/unscored"),
+        ("rerank/prescore/1", 4, "rerank/unscored"),
+    ]
+    assert scorers(optimize(rag(candidates=4), ctx(1.5))) == [("rerank/prescore", 8, "rerank/unscored")]
+    assert scorers(optimize(rag(candidates=4), ctx(2.5))) == []
+    p_graph = rag(candidates=4, extra="an outside passage on topic 1 of the question")
+    expected, _ = asyncio.run(run(p_graph))
+    got, spans = asyncio.run(run(optimize(p_graph, ctx(0.5))))
+    assert got == expected
+    assert {"rerank/prescore/0", "rerank/prescore/1", "rerank/fallback"} <= {s.node.id for s in spans}
 
 
 def test_a_reranker_that_scores_its_list_as_a_whole_is_left_alone() -> None:
