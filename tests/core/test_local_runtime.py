@@ -22,6 +22,7 @@ from teola_core.ir.errors import GraphError, PrimitiveError, QueryCancelled
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import MergeMode, PortSpec, PrimitiveKind
 from teola_core.ir.node import DecodePart
+from teola_core.ir.speculation import SPECULATIVE, Speculation
 from teola_core.ir.split_units import JsonArray, Lines, SplitUnit
 from teola_core.ir.types import Document, KVHandle, PortType, Scored
 from teola_core.profiles.profile import Curve, LatencyProfile
@@ -489,6 +490,44 @@ def test_a_query_id_cannot_run_twice_at_once() -> None:
             await rt.run(embed_only(stages=1), {"docs": ["a"]}, query_id="same")
         gated.gate.set()
         assert await task == {"vectors": ["A"]}
+        await rt.close()
+
+    _run(main())
+
+
+def guessing(engine_started: asyncio.Event | None = None) -> Graph:
+    """A speculative embed ("guess") and a count ("known", after `engine_started` when given),
+    joined: the join may go on without the guess (its withdrawn value is an empty tuple)."""
+
+    async def count(docs: list[str]) -> int:
+        if engine_started is not None:
+            await engine_started.wait()
+        return len(docs)
+
+    b = GraphBuilder("guessing")
+    docs = b.input("docs", PortType.TEXTS)
+    speculation = Speculation("join", {"vectors": ()})
+    node = b.add(K.EMBED, {"texts": docs}, engine="emb", name="guess", config={SPECULATIVE: speculation})
+    known = b.call(count, {"docs": docs}, name="known")
+    joined = b.call(lambda n, v: (n, list(v)), {"n": known, "v": Value(node.id, "vectors")}, name="join", inline=True)
+    b.output(value=joined)
+    return b.build()
+
+
+def test_a_guess_waits_for_idle_engine_time_and_is_given_up_when_the_rest_is_ready() -> None:
+    async def main() -> None:
+        gated = Gated("emb")
+        rt = LocalRuntime(engines(gated))
+        busy = asyncio.create_task(rt.run(embed_only(stages=1), {"docs": ["a"]}, query_id="busy"))
+        await gated.started.wait()
+        # The engine is busy: the guess waits for it, and the join stops waiting for the guess.
+        assert await rt.run(guessing(), {"docs": ["x", "y"]}, query_id="given up") == {"value": (2, [])}
+        gated.gate.set()
+        assert await busy == {"vectors": ["A"]}
+        gated.started.clear()  # idle now: the guess starts, and once started it is used
+        idle = guessing(engine_started=gated.started)
+        assert await rt.run(idle, {"docs": ["x"]}, query_id="idle") == {"value": (1, ["X"])}
+        assert gated.batches == [["busy:embed"], ["idle:guess"]]  # the given-up guess never ran
         await rt.close()
 
     _run(main())
