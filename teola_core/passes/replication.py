@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from teola_core.ir.graph import GraphEditor
 from teola_core.ir.kinds import LLM_KINDS, MergeMode, PortSpec, PrimitiveKind, spec_of
 from teola_core.ir.node import ControlEdge, DataEdge, ItemSlice, Node
+from teola_core.ir.speculation import speculation_of
 from teola_core.ir.types import PortType
 
 
@@ -103,6 +104,8 @@ def _replicable(
     caps = node.caps
     if node.kind in LLM_KINDS or not (caps.batchable and caps.splittable and caps.item_inputs):
         return False
+    if speculation_of(node) is not None:
+        return False  # its consumer waits on it by one edge; the pass that made it sized it
     if not outputs_mergeable(node, {e.src_port for e in editor.data_out(node.id)}):
         return False
     if total_items is not None and node.items is not None and node.items != total_items:

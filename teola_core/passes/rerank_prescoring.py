@@ -25,7 +25,7 @@ Never at the expense of other work (`teola_core.ir.speculation`): the pieces are
 speculative, so the reranker starts one only when it has nothing else to do, and the
 pieces not started when the candidates are known are given up (their candidates go to
 the fallback rerank). Under load, or with a reranker slower than its profile, the pass
-costs at most one piece's wait; the pieces are as small as still fits (`_pieces`).
+costs at most one piece's wait; the pieces are as small as their cost allows (`_pieces`).
 
 Only where it can pay, by the profiles (`estimates.finish_times`, one query alone):
 scoring all |T| texts from when they and the rerank's query are ready must end before
@@ -53,6 +53,11 @@ from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.estimates import finish_times
 
 ROLE = "prescoring"  # config key on the nodes this pass adds: they are never rewritten again
+# The most reranker work the pieces may add over one batch of every text. Measured on
+# advanced RAG (48 texts, 12 candidates): pieces of 12 (7.5 % more work) lost 0.5 % of
+# mean latency at 0.5 q/s and 1.8 % at 1.0 q/s to other queries' work run between them;
+# pieces of 24 (1.5 % more) lost nothing.
+SPLIT_COST = 1.05
 
 
 def as_documents(texts: Sequence[Any]) -> list[Document]:
@@ -138,30 +143,33 @@ def _pieces(graph: Graph, rerank: Node, ingest: Node, ctx: PassContext) -> list[
 
     By the profiles, scoring every ingested text, from when the texts and the rerank's
     query are ready, must end no later than the candidates are known, on another engine
-    and device than the texts' embedder. The pieces are as small as still fits, from the
-    rerank's own candidate count up: a piece started just before a rerank of other work
-    arrives delays that rerank by at most one piece (the engine starts pieces only when
-    idle), and many small pieces cost more than one (a batch's fixed cost).
+    and device than the texts' embedder. A piece started just before other work arrives
+    at the reranker delays that work by up to one piece (the engine starts pieces only
+    when idle), so pieces are as small as their cost allows: from the rerank's own
+    candidate count up, the first size whose pieces fit and cost at most `SPLIT_COST`
+    times one batch of every text (each piece adds the batch's fixed cost), else one.
     """
     assert ingest.items is not None
     embeds = [graph.nodes[e.src] for e in graph.data_in(ingest.id) if e.dst_port == "vectors"]
     if any(e.engine == rerank.engine or ctx.same_device(e.engine, rerank.engine) for e in embeds):
         return None
-    if ctx.latency(rerank.engine, "rerank", ingest.items) is None:
+    whole = ctx.latency(rerank.engine, "rerank", ingest.items)
+    if whole is None:
         return None
     finish = finish_times(graph, ctx)
     texts = next(e.src for e in graph.data_in(ingest.id) if e.dst_port == "texts")
     inputs = {e.dst_port: e.src for e in graph.data_in(rerank.id)}
     slack = finish[inputs["docs"]] - max(finish[texts], finish[inputs["query"]])
+    if whole > slack:
+        return None
     size = rerank.items or ingest.items
-    while True:
+    while size < ingest.items:
         pieces = chunks(ingest.items, size)
         cost = sum(ctx.latency(rerank.engine, "rerank", _size(p, ingest.items)) or 0.0 for p in pieces)
-        if cost <= slack:
+        if cost <= min(slack, SPLIT_COST * whole):
             return pieces
-        if size >= ingest.items:
-            return None
         size *= 2
+    return chunks(ingest.items, ingest.items)
 
 
 def _size(piece: ItemSlice, texts: int) -> int:

@@ -24,7 +24,8 @@ Decisions: the last stage's slice is open-ended (`ItemSlice(start, None)`), so n
 is lost when the run-time count exceeds the build-time `items`. A replicated consumer
 whose own max efficient batch is smaller than its stage is cut again (nested stages,
 `search/s0/s1`) within the same run, so the pass is idempotent. LLM kinds are never
-split here (decode pipelining handles decodes).
+split here (decode pipelining handles decodes), nor speculative nodes (rerank
+pre-scoring sizes its pieces itself).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 from teola_core.ir.graph import Graph
 from teola_core.ir.kinds import LLM_KINDS
 from teola_core.ir.node import ItemSlice, Node
+from teola_core.ir.speculation import speculation_of
 from teola_core.passes.base import Pass, PassContext
 from teola_core.passes.replication import compose, fan_out, outputs_mergeable, replicate
 
@@ -50,8 +52,8 @@ class StageDecomposition(Pass):
         for node_id in graph.topological_order:
             node = graph.nodes[node_id]
             caps = node.caps
-            if node.kind in LLM_KINDS or node.items is None:
-                continue
+            if node.kind in LLM_KINDS or node.items is None or speculation_of(node) is not None:
+                continue  # a speculative node stays whole: the pass that made it sized it
             if not (caps.batchable and caps.splittable and caps.item_inputs):
                 continue
             meb = ctx.max_efficient_batch(node.engine, node.kind.value)

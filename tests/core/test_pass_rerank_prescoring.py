@@ -22,12 +22,13 @@ DOCS = [f"passage {i} on topic {i % 3} of the question" for i in range(8)]
 QUESTION = "which topic of the question"
 
 
-def ctx(rerank_seconds: float = 0.5) -> PassContext:
+def ctx(rerank_seconds: float = 0.5, rerank_meb: int = 16) -> PassContext:
+    """A rerank takes `rerank_seconds` up to `rerank_meb` documents, then grows linearly."""
     return PassContext(
         profiles={
             "embedder": meb_profile("embedder", embed=16),
             "vectordb": meb_profile("vectordb", seconds=0.5, ingest=16, search=16),
-            "reranker": meb_profile("reranker", seconds=rerank_seconds, rerank=16),
+            "reranker": meb_profile("reranker", seconds=rerank_seconds, rerank=rerank_meb),
             "llm": meb_profile("llm", seconds=5.0, prefill=16, decode=16),
         }
     )
@@ -118,24 +119,27 @@ def test_left_alone_where_it_does_not_pay_or_cannot_be_known() -> None:
     assert optimize(late, ctx()) is late  # its query (a model's rewrite) comes too late to score ahead
 
 
-def test_the_pre_scoring_runs_in_pieces_as_small_as_still_fit() -> None:
-    """A rerank of 4 candidates: pieces of 4 texts where two fit before the candidates are
-    known, else one piece of all 8 (one batch costs less than two), else nothing."""
+def test_the_pre_scoring_runs_in_pieces_as_small_as_their_cost_allows() -> None:
+    """A rerank of 4 candidates: pieces of 4 texts where a rerank's cost is all per document
+    (two pieces cost what one batch of 8 costs), one piece of all 8 where a batch costs the
+    same whatever its size up to 16 (two would double the work), nothing where it cannot
+    end before the candidates are known (after embed, ingest and search: 2 s)."""
 
     def scorers(graph: Graph) -> list[tuple[str, int | None, object]]:
         return [
             (n.id, n.items, n.config[SPECULATIVE].consumer) for n in graph.nodes.values() if SPECULATIVE in n.config
         ]
 
-    assert scorers(optimize(rag(candidates=4), ctx(0.5))) == [
+    per_document = ctx(rerank_seconds=0.1, rerank_meb=1)
+    assert scorers(optimize(rag(candidates=4), per_document)) == [
         ("rerank/prescore/0", 4, "rerank/unscored"),
         ("rerank/prescore/1", 4, "rerank/unscored"),
     ]
-    assert scorers(optimize(rag(candidates=4), ctx(1.5))) == [("rerank/prescore", 8, "rerank/unscored")]
-    assert scorers(optimize(rag(candidates=4), ctx(2.5))) == []
+    assert scorers(optimize(rag(candidates=4), ctx(0.5))) == [("rerank/prescore", 8, "rerank/unscored")]
+    assert scorers(optimize(rag(candidates=4), ctx(rerank_seconds=0.3, rerank_meb=1))) == []
     p_graph = rag(candidates=4, extra="an outside passage on topic 1 of the question")
     expected, _ = asyncio.run(run(p_graph))
-    got, spans = asyncio.run(run(optimize(p_graph, ctx(0.5))))
+    got, spans = asyncio.run(run(optimize(p_graph, per_document)))
     assert got == expected
     assert {"rerank/prescore/0", "rerank/prescore/1", "rerank/fallback"} <= {s.node.id for s in spans}
 
