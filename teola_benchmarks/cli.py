@@ -72,6 +72,14 @@ def add_bench_command(commands: Any) -> None:
         help="--workload, virtual clock: also run Teola with that op's latencies scaled (0: free), the "
         "baselines unchanged: the most any optimization of that op could win (repeatable)",
     )
+    p.add_argument(
+        "--misprofiled",
+        action="append",
+        default=[],
+        metavar="ENGINE.OP=FACTOR",
+        help="--workload, virtual clock: every system runs with that op FACTOR times its profile while Teola's "
+        "passes plan with the profile (a stale profile: what it costs the plan; repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for several rates or seeds)")
     p.add_argument("--plot", type=str, default=None, help="write a latency-vs-rate PNG here")
     p.add_argument("--overhead", action="store_true", help="measure dispatches per second on zero-latency engines")
@@ -202,6 +210,8 @@ def bench_command(args: argparse.Namespace) -> int:
         raise SystemExit("teola bench: --seeds is for --workload runs (use --seed with --agents)")
     if args.what_if and not_a_workload_run:
         raise SystemExit("teola bench: --what-if is for --workload runs")
+    if args.misprofiled and not_a_workload_run:
+        raise SystemExit("teola bench: --misprofiled is for --workload runs")
     if args.agents:
         return run_agents_bench(args)
     if args.langgraph and args.rate is not None and args.concurrency is not None:

@@ -17,7 +17,7 @@ from teola_benchmarks.harness import BenchResult, run_bench, simulated_engines, 
 from teola_benchmarks.overhead import measure_overhead, pin_to_one_core
 from teola_benchmarks.real_engines import real_engines
 from teola_benchmarks.systems import SYSTEMS
-from teola_benchmarks.what_if import OpChange, WhatIf, what_if
+from teola_benchmarks.what_if import OpChange, WhatIf, misprofiled, what_if
 from teola_benchmarks.workloads import WORKLOADS, Workload
 
 T = TypeVar("T")
@@ -36,7 +36,9 @@ def run_workload_bench(args: argparse.Namespace) -> int:
     if real and time_scale != 1.0:
         raise SystemExit("teola bench: --engines local-real runs in real time; --time-scale must be 1")
     workload = WORKLOADS[args.workload]
-    changes = _changes(args.what_if, workload, real=real, clock=clock)
+    changes = _changes(args.what_if, workload, real=real, clock=clock, flag="--what-if")
+    stale = _changes(args.misprofiled, workload, real=real, clock=clock, flag="--misprofiled")
+    make_engines, planned = misprofiled(stale) if stale else (real_engines if real else simulated_engines, None)
     if args.overhead:
         pin_to_one_core()
         result = asyncio.run(measure_overhead(workload, args.queries))
@@ -70,8 +72,9 @@ def run_workload_bench(args: argparse.Namespace) -> int:
                     queries=args.queries,
                     systems=systems,
                     seeds=seeds,
-                    make_engines=real_engines if real else simulated_engines,
+                    make_engines=make_engines,
                     on_system=lambda _: done(1),
+                    planned_profiles=planned,
                 )
             )
     what_ifs = [[what_if(r, workload, change) for change in changes] for r in results]
@@ -96,17 +99,17 @@ def run_workload_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _changes(texts: list[str], workload: Workload, *, real: bool, clock: str) -> list[OpChange]:
-    """The `--what-if` changes; one that cannot be run exits with one line saying why."""
+def _changes(texts: list[str], workload: Workload, *, real: bool, clock: str, flag: str) -> list[OpChange]:
+    """The `--what-if` or `--misprofiled` changes; one that cannot be run exits with one line saying why."""
     if texts and (real or clock != "virtual"):
-        raise SystemExit("teola bench: --what-if runs simulated engines on the virtual clock (exact runs to compare)")
+        raise SystemExit(f"teola bench: {flag} runs simulated engines on the virtual clock (exact runs to compare)")
     try:
         changes = [OpChange.parse(text) for text in texts]
         for change in changes:
             change.check(workload)
         return changes
     except ValueError as exc:
-        raise SystemExit(f"teola bench: --what-if: {exc}") from None
+        raise SystemExit(f"teola bench: {flag}: {exc}") from None
 
 
 def _what_if_table(found: list[WhatIf]) -> Table:

@@ -31,6 +31,7 @@ from teola_benchmarks.workloads import Workload
 from teola_benchmarks.workloads.common import FakeModel
 from teola_core.engines.protocol import EngineSet
 from teola_core.ir.graph import Graph
+from teola_core.ir.speculation import speculation_of
 from teola_core.passes import PassManager
 from teola_core.passes.base import PassContext
 from teola_core.profiles.profile import LatencyProfile
@@ -188,10 +189,11 @@ class Busiest:
 def busiest_engine(graph: Graph, engines: EngineSet, ran: set[str] | None = None) -> tuple[str, float] | None:
     """The single-instance engine with the most profiled work for one query's graph, and that
     work as if each op's items ran in one batch (the least it can take). `ran`: count only
-    these nodes (those a run dispatched: a branch not taken is no work)."""
+    these nodes (those a run dispatched: a branch not taken is no work). Speculative nodes
+    are not counted: a busy engine gives them up, so no query needs them."""
     items: dict[tuple[str, str], int] = {}
     for node in graph.nodes.values():
-        if ran is not None and node.id not in ran:
+        if (ran is not None and node.id not in ran) or speculation_of(node) is not None:
             continue
         engine = engines.engines.get(node.engine) if node.engine is not None else None
         if engine is None or engine.profile is None or engine.limits.concurrency != 1:
@@ -213,6 +215,12 @@ class _Spans:
         self.spans.append(span)
 
 
+def _pass_context(engines: EngineSet, planned_profiles: Mapping[str, LatencyProfile] | None) -> PassContext:
+    """What the passes see of the engines, with `planned_profiles` in place of their own."""
+    ctx = PassContext.of(engines)
+    return dataclasses.replace(ctx, profiles={**ctx.profiles, **planned_profiles}) if planned_profiles else ctx
+
+
 def _runtime(engines: EngineSet, system: System) -> LocalRuntime:
     return LocalRuntime(
         engines, policy=system.policy, max_batch=system.max_batch(), clock=asyncio.get_running_loop().time
@@ -225,12 +233,14 @@ async def run_system(
     arrivals: Sequence[float],
     time_scale: float,
     make_engines: EngineFactory = simulated_engines,
+    planned_profiles: Mapping[str, LatencyProfile] | None = None,
 ) -> SystemResult:
-    """Run every query of the sequence on a fresh runtime configured as `system`."""
+    """Run every query of the sequence on a fresh runtime configured as `system`; the
+    passes plan with `planned_profiles` (by engine) in place of those engines' own."""
     engines = make_engines(time_scale, system.prefix_cache, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext.of(engines)
+    ctx = _pass_context(engines, planned_profiles)
     template = workload.template(time_scale)
 
     async def ask(i: int) -> dict[str, object]:
@@ -247,7 +257,11 @@ async def run_system(
 
 
 async def critical_path(
-    workload: Workload, time_scale: float, query_index: int = 0, make_engines: EngineFactory = simulated_engines
+    workload: Workload,
+    time_scale: float,
+    query_index: int = 0,
+    make_engines: EngineFactory = simulated_engines,
+    planned_profiles: Mapping[str, LatencyProfile] | None = None,
 ) -> tuple[float, Busiest | None]:
     """The e-graph's critical-path lower bound for one query, in unscaled seconds.
 
@@ -263,7 +277,7 @@ async def critical_path(
     engines = make_engines(time_scale, True, workload.model)
     runtime = _runtime(engines, system)
     manager = PassManager(system.pass_list())
-    ctx = PassContext.of(engines)
+    ctx = _pass_context(engines, planned_profiles)
 
     def graph_of(query: Mapping[str, Any]) -> Graph:
         return manager.optimize(workload.template(time_scale).instantiate(query), ctx).e_graph
@@ -317,16 +331,20 @@ async def bench(
     clock: str = "virtual",
     make_engines: EngineFactory = simulated_engines,
     on_system: Callable[[str], None] | None = None,
+    planned_profiles: Mapping[str, LatencyProfile] | None = None,
 ) -> BenchResult:
     """Every system on every seed's arrivals, on the running loop (`clock` only labels it);
-    `on_system(name)` after each system's run (a progress display)."""
-    cp, busiest = await critical_path(workload, time_scale, make_engines=make_engines)
+    `on_system(name)` after each system's run (a progress display); `planned_profiles`: what
+    the passes plan with where it differs from the engines (see `run_system`)."""
+    cp, busiest = await critical_path(
+        workload, time_scale, make_engines=make_engines, planned_profiles=planned_profiles
+    )
     result = BenchResult(workload.name, rate, queries, cp, clock, busiest=busiest)
     for seed in seeds:
         arrivals = result.arrivals[seed] = arrival_times(rate, queries, seed)
         runs = result.runs[seed] = {}
         for name in systems:
-            runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines)
+            runs[name] = await run_system(workload, SYSTEMS[name], arrivals, time_scale, make_engines, planned_profiles)
             if on_system is not None:
                 on_system(name)
         reference = runs[systems[0]].outputs

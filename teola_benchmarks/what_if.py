@@ -13,10 +13,16 @@ bound is out of reach for that pass, and the bound says which op is worth the wo
 
 The scaled curve is seen by everything Teola runs on: its passes (through the
 profiles), its engine's batches and the queue behind them. Simulated engines only.
+
+The same change as a stale profile (`misprofiled`, `teola bench --misprofiled`): every
+system runs on the changed engines while Teola's passes plan with the old profile, which
+shows what a wrong profile costs a plan (rerank pre-scoring planned with a reranker
+faster than the one it gets).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +32,7 @@ from teola_benchmarks.harness import BenchResult, EngineFactory, bench, simulate
 from teola_benchmarks.workloads import Workload
 from teola_benchmarks.workloads.common import FakeModel
 from teola_core.engines.protocol import EngineSet
+from teola_core.profiles.profile import LatencyProfile
 
 
 @dataclass(frozen=True)
@@ -42,19 +49,19 @@ class OpChange:
         target, sep, number = text.partition("=")
         engine, dot, op = target.strip().partition(".")
         if not sep or not dot:
-            raise ValueError(f"what-if {text!r}: expected ENGINE.OP=FACTOR, e.g. reranker.rerank=0.5")
+            raise ValueError(f"{text!r}: expected ENGINE.OP=FACTOR, e.g. reranker.rerank=0.5")
         profiles = paper_profiles()
         if engine not in profiles:
-            raise ValueError(f"what-if {text!r}: no engine {engine!r} (known: {', '.join(sorted(profiles))})")
+            raise ValueError(f"{text!r}: no engine {engine!r} (known: {', '.join(sorted(profiles))})")
         if op not in profiles[engine].curves:
             known = ", ".join(sorted(profiles[engine].curves))
-            raise ValueError(f"what-if {text!r}: engine {engine!r} has no op {op!r} (known: {known})")
+            raise ValueError(f"{text!r}: engine {engine!r} has no op {op!r} (known: {known})")
         try:
             factor = float(number)
         except ValueError:
-            raise ValueError(f"what-if {text!r}: the factor {number.strip()!r} is not a number") from None
+            raise ValueError(f"{text!r}: the factor {number.strip()!r} is not a number") from None
         if not factor >= 0:
-            raise ValueError(f"what-if {text!r}: the factor must be >= 0 (0: the op is free)")
+            raise ValueError(f"{text!r}: the factor must be >= 0 (0: the op is free)")
         return cls(engine, op, factor)
 
     def __str__(self) -> str:
@@ -64,16 +71,32 @@ class OpChange:
         """ValueError if the workload never runs this op (the change would change nothing)."""
         graph = workload.template(1.0).instantiate(workload.make_query(0))
         if not any(n.engine == self.engine and n.kind.value == self.op for n in graph.nodes.values()):
-            raise ValueError(f"what-if {self}: workload {workload.name!r} runs no {self.op} on {self.engine!r}")
+            raise ValueError(f"{self}: workload {workload.name!r} runs no {self.op} on {self.engine!r}")
 
     def engines(self) -> EngineFactory:
         """A factory of the paper's engines with this op's curve scaled."""
-        profile = paper_profiles()[self.engine].with_op_scaled(self.op, self.factor)
+        return scaled_engines([self])
 
-        def make(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
-            return simulated_engines(time_scale, prefix_cache, responder, profiles={self.engine: profile})
 
-        return make
+def scaled_engines(changes: Sequence[OpChange]) -> EngineFactory:
+    """A factory of the paper's engines with every change's op curve scaled (changes to one
+    engine compose)."""
+    profiles = dict(paper_profiles())
+    for change in changes:
+        profiles[change.engine] = profiles[change.engine].with_op_scaled(change.op, change.factor)
+    changed = {c.engine: profiles[c.engine] for c in changes}
+
+    def make(time_scale: float, prefix_cache: bool, responder: FakeModel) -> EngineSet:
+        return simulated_engines(time_scale, prefix_cache, responder, profiles=changed)
+
+    return make
+
+
+def misprofiled(changes: Sequence[OpChange]) -> tuple[EngineFactory, dict[str, LatencyProfile]]:
+    """Engines whose ops run as `changes` say, and the profiles the passes then plan with: the
+    engines' unchanged ones (a profile measured before the engine got slower or faster).
+    Every system runs on these engines: what a stale profile costs Teola's plan."""
+    return scaled_engines(changes), {c.engine: paper_profiles()[c.engine] for c in changes}
 
 
 @dataclass(frozen=True)
