@@ -132,6 +132,16 @@ class ItemSlice:
     def apply(self, value: Any) -> Any:
         return value[self.start : self.stop]
 
+    @classmethod
+    def split(cls, items: int, size: int) -> list[ItemSlice]:
+        """Consecutive slices of `size` covering `items` items, the last one open-ended."""
+        size = max(1, size)
+        return [cls(a, a + size if a + size < items else None) for a in range(0, items, size)]
+
+    def count(self, items: int) -> int:
+        """How many of `items` (the build-time count) this slice selects."""
+        return (items if self.stop is None else min(self.stop, items)) - self.start
+
 
 @dataclass(frozen=True)
 class DataEdge:

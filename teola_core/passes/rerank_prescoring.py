@@ -40,7 +40,7 @@ would run whether or not the branch is taken).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -87,13 +87,6 @@ def rank(
     return ranked if top_k is None else ranked[: int(top_k)]
 
 
-def chunks(texts: int, size: int) -> list[ItemSlice]:
-    """Slices of `texts` texts, `size` each, the last one open-ended (a run with more texts
-    than the build-time count still scores them all)."""
-    size = max(1, size)
-    return [ItemSlice(a, a + size if a + size < texts else None) for a in range(0, texts, size)]
-
-
 class RerankPrescoring(Pass):
     name = "rerank-prescoring"
 
@@ -106,8 +99,7 @@ class RerankPrescoring(Pass):
             if not node.caps.splittable:  # its engine scores a list as a whole (softmax, listwise)
                 continue
             found = _ingest_behind(current, node)
-            pieces = None if found is None else _pieces(current, node, found, ctx)
-            if found is None or pieces is None:
+            if found is None or (pieces := _pieces(current, node, found, ctx)) is None:
                 continue
             current = _rewrite(current, node, found, pieces)
         return current
@@ -163,17 +155,13 @@ def _pieces(graph: Graph, rerank: Node, ingest: Node, ctx: PassContext) -> list[
     if whole > slack:
         return None
     size = rerank.items or ingest.items
-    while size < ingest.items:
-        pieces = chunks(ingest.items, size)
-        cost = sum(ctx.latency(rerank.engine, "rerank", _size(p, ingest.items)) or 0.0 for p in pieces)
+    while size < ingest.items:  # the last piece is open-ended: more texts at run time are scored too
+        pieces = ItemSlice.split(ingest.items, size)
+        cost = sum(ctx.latency(rerank.engine, "rerank", p.count(ingest.items)) or 0.0 for p in pieces)
         if cost <= min(slack, SPLIT_COST * whole):
             return pieces
         size *= 2
-    return chunks(ingest.items, ingest.items)
-
-
-def _size(piece: ItemSlice, texts: int) -> int:
-    return (texts if piece.stop is None else piece.stop) - piece.start
+    return ItemSlice.split(ingest.items, ingest.items)
 
 
 def _rewrite(graph: Graph, rerank: Node, ingest: Node, pieces: Sequence[ItemSlice]) -> Graph:
@@ -220,7 +208,7 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node, pieces: Sequence[ItemSlic
     scorers = []
     for i, (part, piece) in enumerate(zip(parts, pieces, strict=True)):
         suffix = "prescore" if len(pieces) == 1 else f"prescore/{i}"
-        pre = scorer(suffix, _size(piece, ingest.items), **{SPECULATIVE: Speculation(missing.id, {"docs": ()})})
+        pre = scorer(suffix, piece.count(ingest.items), **{SPECULATIVE: Speculation(missing.id, {"docs": ()})})
         editor.connect(DataEdge(query.src, query.src_port, pre.id, "query", query.select))
         editor.connect(DataEdge(docs.id, "value", pre.id, "docs", piece))
         editor.connect(DataEdge(pre.id, "docs", missing.id, part))
@@ -245,7 +233,7 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node, pieces: Sequence[ItemSlic
     editor.connect(DataEdge(missing.id, "value", rest.id, "docs"))
     editor.connect(ControlEdge(choose.id, rest.id, branch=1))
 
-    _replace_with_rank(editor, rerank, candidates, scorers, rest)
+    _replace_with_rank(editor, rerank, candidates, dict(zip(parts, scorers, strict=True)), rest)
     editor.note(
         f"{RerankPrescoring.name}: {rerank.describe()} looks up scores that {len(scorers)} speculative "
         f"rerank(s) compute for the {ingest.items} texts {ingest.id} ingests (beside their embedding, in "
@@ -255,16 +243,15 @@ def _rewrite(graph: Graph, rerank: Node, ingest: Node, pieces: Sequence[ItemSlic
 
 
 def _replace_with_rank(
-    editor: GraphEditor, rerank: Node, candidates: DataEdge, scorers: Sequence[Node], rest: Node
+    editor: GraphEditor, rerank: Node, candidates: DataEdge, scorers: Mapping[str, Node], rest: Node
 ) -> None:
     """The rerank becomes an inline CALL of `rank` under the same id: its consumers, order
-    edges and id (in traces and errors) stay."""
+    edges and id (in traces and errors) stay. `scorers`: rank's port for each piece's scores."""
     for e in editor.data_in(rerank.id):
         editor.disconnect(e)
-    parts = [f"scored_{i}" for i in range(len(scorers))]
     ports = (
         PortSpec("candidates", PortType.ANY),
-        *(PortSpec(p, PortType.ANY) for p in parts),
+        *(PortSpec(part, PortType.ANY) for part in scorers),
         PortSpec("rest", PortType.ANY, optional=True),
     )
     top_k = rerank.config.get("top_k")
@@ -281,6 +268,6 @@ def _replace_with_rank(
         )
     )
     editor.connect(DataEdge(candidates.src, candidates.src_port, rerank.id, "candidates", candidates.select))
-    for part, pre in zip(parts, scorers, strict=True):
+    for part, pre in scorers.items():
         editor.connect(DataEdge(pre.id, "docs", rerank.id, part))
     editor.connect(DataEdge(rest.id, "docs", rerank.id, "rest"))

@@ -74,9 +74,9 @@ class StageDecomposition(Pass):
 
     def _split(self, graph: Graph, node: Node, meb: int) -> Graph:
         assert node.items is not None
-        n = -(-node.items // meb)
-        ranges = [ItemSlice(i * meb, (i + 1) * meb if i < n - 1 else None) for i in range(n)]
-        counts: list[int | None] = [min(meb, node.items - i * meb) for i in range(n)]
+        ranges = ItemSlice.split(node.items, meb)
+        counts: list[int | None] = [r.count(node.items) for r in ranges]
+        n = len(ranges)
         editor = graph.edit()
         parts = replicate(editor, node, family={}, ranges=ranges, part_items=counts, suffix="s")
         done = fan_out(
