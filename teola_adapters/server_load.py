@@ -6,7 +6,8 @@
 
 vLLM (and the simulated vLLM-like server) report `vllm:num_requests_running`,
 `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`, one sample per model label;
-they are summed, and `vllm:cache_config_info` gives the KV cache's size (`kv_tokens`).
+they are summed, `vllm:cache_config_info` gives the KV cache's size (`kv_tokens`), and
+the sums of three request histograms what its work costs (`ServerCosts`).
 Servers without them (another OpenAI-compatible server, a `/metrics`
 that 404s) are not vLLM-like: Teola then never holds their calls. `ServerCalls` keeps
 one server's count of calls and its learned limit (`teola_core.scheduler.server_limit`),
@@ -25,11 +26,13 @@ from typing import Any
 
 from teola_adapters._optional import require
 from teola_core.engines.protocol import EngineControls
+from teola_core.scheduler.server_costs import COST_SUMS, TOKEN_GAP_BUCKETS, ServerCosts
 from teola_core.scheduler.server_limit import ServerLimit, ServerReading
 
 RUNNING, WAITING, KV_USAGE = "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
-GAUGES = (*(f"{name}{end}" for name in (RUNNING, WAITING, KV_USAGE) for end in ("{", " ")), f"{CACHE_CONFIG}{{")
+SERIES = (RUNNING, WAITING, KV_USAGE, *COST_SUMS)  # summed over labels
+GAUGES = (*(f"{name}{end}" for name in SERIES for end in ("{", " ")), f"{CACHE_CONFIG}{{", f"{TOKEN_GAP_BUCKETS}{{")
 READ_TIMEOUT_S = 2.0
 LEARNING_INTERVAL_S = 0.02  # between reads while the server's capacity is not known yet
 KNOWN_INTERVAL_S = 0.25  # once it is: reads only catch a change (room gained, other clients)
@@ -41,22 +44,29 @@ class MetricsUnreadable(RuntimeError):
 
 
 def parse_reading(text: str) -> ServerReading | None:
-    """The load gauges of a Prometheus text page; None without vLLM's running/waiting gauges."""
+    """The load gauges (and cost sums) of a Prometheus text page; None without vLLM's
+    running/waiting gauges."""
     parser = require("prometheus_client.parser", "langchain", "Reading a model server's /metrics")
     # vLLM's page is long (histograms per model): only the gauges' lines are parsed
     lines = "\n".join(line for line in text.splitlines() if line.startswith(GAUGES))
     sums: dict[str, float] = {}
+    gap_buckets: dict[float, float] = {}  # upper bound -> cumulative count, summed over engines
     kv_tokens: int | None = None
     for family in parser.text_string_to_metric_families(lines + "\n"):
-        if family.name in (RUNNING, WAITING, KV_USAGE):
+        if family.name in SERIES:
             sums[family.name] = sums.get(family.name, 0.0) + sum(sample.value for sample in family.samples)
+        elif family.name == TOKEN_GAP_BUCKETS:
+            for sample in family.samples:
+                bound = float(sample.labels["le"])
+                gap_buckets[bound] = gap_buckets.get(bound, 0.0) + sample.value
         elif family.name == CACHE_CONFIG:
             sizes = [kv_pool_tokens(sample.labels) for sample in family.samples]
             known = [size for size in sizes if size is not None]
             kv_tokens = sum(known) if known and len(known) == len(sizes) else None
     if RUNNING not in sums or WAITING not in sums:
         return None
-    return ServerReading(int(sums[RUNNING]), int(sums[WAITING]), sums.get(KV_USAGE), kv_tokens)
+    costs = ServerCosts.from_series(sums, gap_buckets)
+    return ServerReading(int(sums[RUNNING]), int(sums[WAITING]), sums.get(KV_USAGE), kv_tokens, costs)
 
 
 def kv_pool_tokens(labels: dict[str, str]) -> int | None:

@@ -28,6 +28,7 @@ from teola_adapters.simulated.llm_state import (
     LLMStats,
     PrefillJob,
     StepLoopState,
+    gap_bucket,
     pool_keys,
     priority_of,
     text_input,
@@ -297,6 +298,10 @@ class SimLLM(Engine, KVRetention, KVPool):
                 self.stats.decode_tokens += len(batch)
                 self.stats.max_running = max(self.stats.max_running, len(batch))
                 self.stats.busy_s += seconds
+                self.stats.prefill_s += seconds * len(admitted)
+                if batch:
+                    self.stats.token_gap_s += seconds * len(batch)
+                    self.stats.token_gaps[gap_bucket(seconds)] += len(batch)
                 await self.clock.spend(seconds, always_yield=True)  # callers submit work between steps
                 for job in admitted:
                     if not job.future.done():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from itertools import count
@@ -11,6 +12,12 @@ from typing import Any
 
 from teola_core.engines.protocol import Call
 from teola_core.ir.types import KVHandle
+from teola_core.scheduler.server_costs import TOKEN_GAP_BOUNDS
+
+
+def gap_bucket(seconds: float) -> float:
+    """The upper bound of vLLM's inter-token latency bucket that `seconds` falls in."""
+    return next((bound for bound in TOKEN_GAP_BOUNDS if seconds <= bound), math.inf)
 
 
 @dataclass
@@ -29,6 +36,10 @@ class LLMStats:
     steps: int = 0
     max_running: int = 0  # most sequences decoding in one step
     busy_s: float = 0.0  # simulated, unscaled seconds spent in steps
+    prefill_s: float = 0.0  # each prefill's step's seconds, summed (vLLM's request prefill time)
+    token_gap_s: float = 0.0  # each decode token's step's seconds, summed (vLLM's inter-token latency)
+    token_gaps: Counter[float] = field(default_factory=Counter)  # decode tokens by their step's seconds,
+    # in vLLM's inter-token latency buckets (keyed by the bucket's upper bound)
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -20,6 +20,15 @@ one call, so a pool sized below the programs' contexts never leaves the engine i
     await admission.call("agent3")    # returns at once, or when older programs make room
     admission.done("agent3"); admission.leave("agent3")
 
+The order of the line is the programs' start by default. `order="attained"` lines them
+up by model calls made instead, in doubling levels (0, 1, 2-3, 4-7, ... calls; the
+oldest first within a level), as Autellix's least-attained-service queues, and any
+program whose context fits the room left is admitted even where one ahead of it did
+not fit: short programs then finish first while long ones wait. A long program held
+back loses its cached context and has it computed again when it goes on, so which order
+pays depends on the server's costs (`teola_langchain.program_order.working_set` chooses
+from them).
+
 The rule itself is `AdmissionRule`, a pure state machine (stimuli in, who may call out),
 tested without an event loop; `ProgramAdmission` mirrors its decisions into one
 `asyncio.Event` per program.
@@ -29,6 +38,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Literal
+
+AdmissionOrder = Literal["start", "attained"]
+ADMISSION_ORDERS: tuple[str, ...] = ("start", "attained")
 
 
 @dataclass
@@ -39,19 +52,34 @@ class _Entry:
     waiting: bool = False  # asking to call, not yet let through
     calling: int = 0  # its model calls under way
     go: bool = False  # may call now
+    calls: int = 0  # model calls it has started (its attained service)
+
+    def key(self, order: AdmissionOrder) -> tuple[int, int]:
+        """Its place in line: by start, or by calls made in doubling levels, then start."""
+        return (self.calls.bit_length() if order == "attained" else 0, self.rank)
 
 
 class AdmissionRule:
     """Who may call the model now (see the module docstring), as a pure state machine: each
     stimulus updates the programs' `go` flags; `may_call` reads them."""
 
-    def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0) -> None:
+    def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0, order: AdmissionOrder = "start") -> None:
         if capacity_tokens <= 0:
             raise ValueError(f"admission needs a positive KV capacity, got {capacity_tokens} tokens")
         if not overcommit > 0:
             raise ValueError(f"admission overcommit must be positive, got {overcommit}")
         self.limit_tokens = capacity_tokens * overcommit
         self.entries: dict[str, _Entry] = {}
+        self.order: AdmissionOrder = "start"
+        self.set_order(order)
+
+    def set_order(self, order: AdmissionOrder) -> None:
+        """Line programs up by start or by attained calls (see the module docstring)."""
+        if order not in ADMISSION_ORDERS:
+            raise ValueError(f"admission order must be one of {ADMISSION_ORDERS}, got {order!r}")
+        if order != self.order:
+            self.order = order
+            self._settle()
 
     def set_context(self, program: str, *, rank: int, tokens: int) -> None:
         """The program's context is now `tokens` long (its next call's prompt and answer);
@@ -85,6 +113,7 @@ class AdmissionRule:
         entry = self.entries[program]
         entry.waiting = False
         entry.calling += 1
+        entry.calls += 1
         self._settle()
 
     def done(self, program: str) -> None:
@@ -100,16 +129,21 @@ class AdmissionRule:
             self._settle()
 
     def admitted(self) -> list[str]:
-        """Programs whose contexts fit, oldest first."""
-        return [name for name, e in sorted(self.entries.items(), key=lambda kv: kv[1].rank) if e.admitted]
+        """Programs whose contexts fit, in line order."""
+        return [name for name, e in sorted(self.entries.items(), key=lambda kv: kv[1].key(self.order)) if e.admitted]
 
     def _settle(self) -> None:
+        ordered = sorted(self.entries.values(), key=lambda e: e.key(self.order))
         total, room = 0, True
-        ordered = sorted(self.entries.values(), key=lambda e: e.rank)
         for entry in ordered:
-            total += entry.tokens
-            room = room and (total <= self.limit_tokens or total == entry.tokens)  # the oldest always
-            entry.admitted = room
+            fits = total + entry.tokens <= self.limit_tokens or total == 0  # the first in line always
+            if self.order == "start":
+                room = room and fits  # by start nobody overtakes an older program that does not fit
+                entry.admitted = room
+            else:
+                entry.admitted = fits  # by attained service whoever fits the room left goes in
+            if entry.admitted:
+                total += entry.tokens
         # Work-conserving: while no program uses the engine, the next in line may, one at a time.
         idle = not any(e.calling or (e.waiting and e.go) for e in ordered)
         for entry in ordered:
@@ -126,9 +160,14 @@ class ProgramAdmission:
     """The admitted set for one engine's KV pool: `AdmissionRule`, whose decisions wake the
     programs waiting in `call` (one `asyncio.Event` per program, mirroring its flag)."""
 
-    def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0) -> None:
-        self.rule = AdmissionRule(capacity_tokens, overcommit=overcommit)
+    def __init__(self, capacity_tokens: int, *, overcommit: float = 1.0, order: AdmissionOrder = "start") -> None:
+        self.rule = AdmissionRule(capacity_tokens, overcommit=overcommit, order=order)
         self._events: dict[str, asyncio.Event] = {}
+
+    def set_order(self, order: AdmissionOrder) -> None:
+        """See `AdmissionRule.set_order`."""
+        self.rule.set_order(order)
+        self._mirror()
 
     @property
     def limit_tokens(self) -> float:
@@ -170,7 +209,7 @@ class ProgramAdmission:
         self._mirror()
 
     def admitted(self) -> list[str]:
-        """Programs whose contexts fit, oldest first."""
+        """Programs whose contexts fit, in line order."""
         return self.rule.admitted()
 
     def _mirror(self) -> None:

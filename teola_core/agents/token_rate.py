@@ -25,6 +25,7 @@ class TokenRate:
 
     prompt_chars: int = 0
     prompt_tokens: int = 0
+    prompts: int = 0  # usage reports that counted the prompt
     answers: int = 0
     answer_tokens: int = 0
 
@@ -32,8 +33,19 @@ class TokenRate:
         if prompt_chars > 0 and prompt_tokens > 0:
             self.prompt_chars += prompt_chars
             self.prompt_tokens += prompt_tokens
+            self.prompts += 1
         self.answers += 1
         self.answer_tokens += max(0, answer_tokens)
+
+    @property
+    def mean_prompt_tokens(self) -> float | None:
+        """A call's prompt, in the server's tokens, on average (None before a report)."""
+        return self.prompt_tokens / self.prompts if self.prompts else None
+
+    @property
+    def mean_answer_tokens(self) -> float | None:
+        """A call's answer, in tokens, on average (None before a report)."""
+        return self.answer_tokens / self.answers if self.answers else None
 
     def prompt_tokens_of(self, prompt_chars: int) -> int:
         """A prompt of `prompt_chars` characters, in the server's tokens."""
@@ -42,8 +54,7 @@ class TokenRate:
 
     def context_tokens(self, prompt_chars: int) -> int:
         """The KV a call with a prompt of `prompt_chars` characters takes, prompt and answer."""
-        answer = self.answer_tokens / self.answers if self.answers else 0.0
-        return round(self.prompt_tokens_of(prompt_chars) + answer)
+        return round(self.prompt_tokens_of(prompt_chars) + (self.mean_answer_tokens or 0.0))
 
 
 def openai_usage(usage: Any) -> tuple[int, int] | None:

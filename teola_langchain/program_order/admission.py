@@ -172,10 +172,12 @@ class ModelAdmission:
                 self._engines_at.setdefault(server, set()).add(engine)
             gate = self._gates[engine] = (runtime, _call_graph(engine))
         runtime, graph = gate
-        kv_tokens = calls.last.kv_tokens if calls is not None and calls.last is not None else None
+        last = calls.last if calls is not None else None
+        kv_tokens = last.kv_tokens if last is not None else None
         working = bool(kv_tokens) and run is not None and server is not None
         if working:
-            await self.working_sets.call(server, kv_tokens, run=run, rank=rank, prompt_chars=prompt_chars)
+            costs = last.costs if last is not None else None
+            await self.working_sets.call(server, kv_tokens, costs, run=run, rank=rank, prompt_chars=prompt_chars)
         try:
             await runtime.run(graph, {"kv": KVHandle(engine, held)}, query_id=call_id, arrival=rank)
         finally:

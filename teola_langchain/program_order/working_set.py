@@ -11,13 +11,18 @@ others wait before their next call, never inside one, and go in as older runs en
 oldest run always may, and an idle server always takes the next run in line, so a cache
 too small for any one context never stops the work.
 
+The line is by start, or by model calls made where the server's own costs say that pays
+(`teola_core.agents.admission_order`: computing a context again cheaper than writing an
+answer), read from the same `/metrics`.
+
 A context's size is the call's prompt in tokens plus its answer. The server counts
 tokens, Teola sees text: the size is the prompt's characters times the tokens per
 character the server's own usage reports have shown so far (4 characters a token until
 the first answer), plus the mean answer length seen.
 
     sets = WorkingSets()
-    await sets.call(server, kv_tokens, run="run3", rank=3, prompt_chars=41_000)  # at once, or when older runs make room
+    # returns at once, or when the runs ahead make room
+    await sets.call(server, kv_tokens, costs, run="run3", rank=3, prompt_chars=41_000)
     sets.done(server, "run3", prompt_chars=41_000, usage=(10_250, 640)); sets.leave("run3")
 """
 
@@ -27,7 +32,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from teola_core.agents.admission import ProgramAdmission
+from teola_core.agents.admission_order import choose_order
 from teola_core.agents.token_rate import TokenRate
+from teola_core.scheduler.server_costs import ServerCosts
 
 
 def messages_chars(messages: Iterable[Any]) -> int:
@@ -55,10 +62,18 @@ class ServerWorkingSet:
         self.kv_tokens = kv_tokens
         self.admission = ProgramAdmission(kv_tokens)
         self.rate = TokenRate()
-        self.waits = 0  # calls that waited for older runs to make room
+        self.waits = 0  # calls that waited for runs ahead to make room
+        self.calls = 0  # model calls asked for, over every run seen
+        self.programs = 0  # runs seen
+        self.choice = choose_order(None, self.rate, 0.0)
 
-    async def call(self, run: str, *, rank: int, prompt_chars: int) -> None:
-        """Return when `run` may call (at once if its context fits beside the older runs')."""
+    async def call(self, run: str, costs: ServerCosts | None, *, rank: int, prompt_chars: int) -> None:
+        """Return when `run` may call (at once if its context fits beside those ahead of it);
+        `costs`: the server's latest, which choose the order."""
+        self.calls += 1
+        self.programs += run not in self.admission.rule.entries  # its first call here
+        self.choice = choose_order(costs, self.rate, self.calls / self.programs)
+        self.admission.set_order(self.choice.order)
         self.admission.set_context(run, rank=rank, tokens=self.rate.context_tokens(prompt_chars))
         if not self.admission.may_call(run):
             self.waits += 1
@@ -68,7 +83,7 @@ class ServerWorkingSet:
         admitted = self.admission.admitted()
         return (
             f"KV cache {self.kv_tokens} tokens: {len(admitted)} of {len(self.admission.rule.entries)} runs "
-            f"admitted, oldest first ({self.waits} calls waited for room)"
+            f"admitted, {self.choice.reason} ({self.waits} calls waited for room)"
         )
 
 
@@ -81,15 +96,18 @@ class WorkingSets:
     def at(self, server: str) -> ServerWorkingSet | None:
         return self._servers.get(server)
 
-    async def call(self, server: str, kv_tokens: int, *, run: str, rank: int, prompt_chars: int) -> None:
-        """Wait until `run` may call `server`, whose KV cache holds `kv_tokens` tokens."""
+    async def call(
+        self, server: str, kv_tokens: int, costs: ServerCosts | None, *, run: str, rank: int, prompt_chars: int
+    ) -> None:
+        """Wait until `run` may call `server`, whose KV cache holds `kv_tokens` tokens and whose
+        work costs `costs` (its latest reading)."""
         working = self._servers.get(server)
         if working is None or working.kv_tokens != kv_tokens:
             previous = working
             working = self._servers[server] = ServerWorkingSet(kv_tokens)
             if previous is not None:  # the server was resized (restarted): keep what was learned
                 working.rate = previous.rate
-        await working.call(run, rank=rank, prompt_chars=prompt_chars)
+        await working.call(run, costs, rank=rank, prompt_chars=prompt_chars)
 
     def done(self, server: str, run: str, *, prompt_chars: int, usage: tuple[int, int] | None) -> None:
         """One of `run`'s calls to `server` ended; `usage` (prompt, answer tokens) where reported."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import httpx
 import pytest
@@ -52,6 +53,39 @@ def test_the_kv_cache_size_is_its_blocks_times_their_size(labels: str, kv_tokens
 )
 def test_a_page_without_running_and_waiting_is_not_vllm_like(page: str) -> None:
     assert parse_reading(page) is None
+
+
+# vLLM 0.32's request histograms, as its /metrics writes them (most buckets left out)
+COSTS_PAGE = """\
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 2.5
+# TYPE vllm:request_prefill_kv_computed_tokens histogram
+vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="m"} 4.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 1000.0
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.025",model_name="m"} 0.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="0.025",model_name="m"} 0.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 30.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="0.05",model_name="m"} 30.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 40.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="+Inf",model_name="m"} 40.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 40.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 9.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 9.0
+"""
+
+
+def test_what_the_servers_work_costs_comes_from_its_request_histograms() -> None:
+    reading = parse_reading(VLLM_PAGE + COSTS_PAGE)
+    assert reading is not None and reading.costs is not None
+    assert reading.costs.token_gaps == ((0.025, 0.0), (0.05, 60.0), (math.inf, 80.0))  # summed over engines
+    assert reading.costs.prompt_token_s == 0.0025  # 2.5 s over 1,000 computed tokens
+    assert reading.costs.output_token_s == pytest.approx(0.025 + 0.025 * 40 / 60)  # the median gap
+    assert parse_reading(VLLM_PAGE + COSTS_PAGE.split("# TYPE vllm:inter_token")[0]).costs is None  # one missing
 
 
 def test_the_root_of_an_openai_base_url() -> None:

@@ -170,3 +170,31 @@ async def test_a_finished_program_s_private_kv_is_evicted_first(retention: bool)
     running.finish()
     await agents.close()
     await llm.close()
+
+
+def test_by_attained_service_programs_with_fewer_calls_go_first_and_fill_the_room_left() -> None:
+    """`order="attained"`: the line is by calls made in doubling levels (0, 1, 2-3, 4-7, ...),
+    the oldest first within a level; whoever fits the room left goes in."""
+    rule = AdmissionRule(capacity_tokens=100, order="attained")
+    rule.set_context("long", rank=0, tokens=50)
+    for _ in range(4):  # four calls: level 3
+        rule.ask("long")
+        rule.start("long")
+        rule.done("long")
+    rule.set_context("mid", rank=1, tokens=40)
+    rule.ask("mid")
+    rule.start("mid")
+    rule.done("mid")  # one call: level 1
+    rule.set_context("new", rank=2, tokens=70)  # no call yet: level 0, first in line
+    assert rule.admitted() == ["new"]  # mid (40) and long (50) do not fit beside it
+    rule.set_context("new", rank=2, tokens=50)
+    assert rule.admitted() == ["new", "mid"]  # 50 + 40; long would make 140
+    rule.set_context("mid", rank=1, tokens=60)
+    assert rule.admitted() == ["new", "long"]  # mid no longer fits, long (older, more calls) does
+    rule.set_order("start")  # the same programs by start: long, mid, new
+    assert rule.admitted() == ["long"]  # 50 + 60 > 100, and nobody overtakes mid
+
+
+def test_an_unknown_admission_order_is_named() -> None:
+    with pytest.raises(ValueError, match="admission order must be one of"):
+        AdmissionRule(100, order="shortest")  # type: ignore[arg-type]

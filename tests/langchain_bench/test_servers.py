@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import httpx
@@ -11,8 +12,10 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from teola_adapters.server_load import parse_reading
+from teola_adapters.simulated.paper_profiles import LLM
 from teola_adapters.simulated.servers import ExampleResponder, SimServers, messages_to_prompt
 from teola_adapters.simulated.servers.backend import ScriptedToolCall
+from teola_core.scheduler.server_costs import TOKEN_GAP_BOUNDS, ServerCosts
 from teola_core.scheduler.server_limit import ServerReading
 
 MESSAGES = [
@@ -175,7 +178,29 @@ def test_a_kv_pool_is_reported_as_vllm_reports_its_cache_and_a_prompt_too_long_i
             client.completions.create(model="m", prompt=" ".join(["w"] * 100), max_tokens=1)
         assert client.completions.create(model="m", prompt="short", max_tokens=2).choices[0].text
     assert 'num_gpu_blocks="4"' in page and 'block_size="16"' in page
-    assert parse_reading(page) == ServerReading(running=0, waiting=0, kv_usage=0.0, kv_tokens=64)
+    assert parse_reading(page) == ServerReading(
+        running=0,
+        waiting=0,
+        kv_usage=0.0,
+        kv_tokens=64,
+        costs=ServerCosts(0.0, 0.0, tuple((bound, 0.0) for bound in (*TOKEN_GAP_BOUNDS, math.inf))),
+    )
+
+
+def test_what_the_llms_work_costs_is_reported_as_vllms_request_histograms() -> None:
+    """Prefill seconds per computed token and seconds between tokens, as `ServerCosts` reads
+    them from vLLM's `request_prefill_time`, `request_prefill_kv_computed_tokens` and
+    `inter_token_latency` histograms, in the profile's seconds."""
+    with SimServers(time_scale=0.0) as s:
+        client = OpenAI(base_url=s.base_url, api_key="x")
+        client.completions.create(model="m", prompt=" ".join(f"w{i}" for i in range(40)), max_tokens=5)
+        reading = parse_reading(httpx.get(f"{s.root_url}/metrics").text)
+    assert reading is not None and reading.costs is not None
+    decode = LLM.latency("decode", 1)  # five steps of one sequence, after one prefill step
+    bucket = min(bound for bound in TOKEN_GAP_BOUNDS if decode <= bound)
+    assert reading.costs.prefill_tokens == 40 and (bucket, 5.0) in reading.costs.token_gaps
+    assert reading.costs.prompt_token_s == pytest.approx(LLM.latency("prefill", 40) / 40)
+    assert reading.costs.output_token_s is not None and reading.costs.output_token_s <= bucket
 
 
 def test_a_chat_script_answers_with_tool_calls_where_tools_are_offered() -> None:

@@ -11,17 +11,20 @@ vLLM: `/tokenize` (a `prompt`, or chat `messages` through the chat template), `/
 from __future__ import annotations
 
 import base64
+import math
 import struct
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from teola_adapters.simulated.llm_state import LLMStats
 from teola_adapters.simulated.prefix_cache import BLOCK_TOKENS
 from teola_adapters.simulated.servers.backend import SimBackend
 from teola_adapters.simulated.servers.completions import error
 from teola_adapters.simulated.servers.responder import messages_to_prompt
 from teola_adapters.simulated.text import tokens_of
+from teola_core.scheduler.server_costs import PREFILL_COMPUTED, PREFILL_TIME, TOKEN_GAP_BOUNDS, TOKEN_GAPS
 
 
 async def embeddings(request: Request) -> Any:
@@ -78,7 +81,8 @@ async def tokenize(request: Request) -> Any:
 
 
 async def metrics(request: Request) -> Any:
-    """vLLM's Prometheus gauges of the LLM's load, and the line that gives the KV block size."""
+    """vLLM's Prometheus gauges of the LLM's load, the line that gives the KV block size, and
+    the request histograms' sums that give what the LLM's work costs."""
     b: SimBackend = request.app.state.backend
     cache = b.llm.cache
     usage = cache.running_blocks / cache.capacity_blocks if cache is not None and cache.capacity_blocks else 0.0
@@ -96,8 +100,34 @@ async def metrics(request: Request) -> Any:
         f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
         "# TYPE vllm:cache_config_info gauge",
         f'vllm:cache_config_info{{block_size="{BLOCK_TOKENS}",enable_prefix_caching="True"{blocks}}} 1.0',
+        *cost_histograms(b.llm.stats, labels),
     ]
     return PlainTextResponse("\n".join(lines) + "\n")
+
+
+def cost_histograms(stats: LLMStats, labels: str) -> list[str]:
+    """vLLM's request histograms that say what work costs (`ServerCosts`), in the model's
+    simulated seconds: prefill time and computed tokens as sums and counts (one +Inf
+    bucket), the gaps between tokens in vLLM's buckets."""
+    lines = []
+    for name, total in ((PREFILL_TIME, stats.prefill_s), (PREFILL_COMPUTED, stats.prefill_tokens)):
+        lines += [
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{{labels},le="+Inf"}} {float(stats.prefills)}',
+            f"{name}_sum{{{labels}}} {float(total)}",
+            f"{name}_count{{{labels}}} {float(stats.prefills)}",
+        ]
+    lines.append(f"# TYPE {TOKEN_GAPS} histogram")
+    cumulative = 0
+    for bound in (*TOKEN_GAP_BOUNDS, math.inf):
+        cumulative += stats.token_gaps[bound]
+        le = "+Inf" if math.isinf(bound) else repr(bound)
+        lines.append(f'{TOKEN_GAPS}_bucket{{{labels},le="{le}"}} {float(cumulative)}')
+    lines += [
+        f"{TOKEN_GAPS}_sum{{{labels}}} {stats.token_gap_s}",
+        f"{TOKEN_GAPS}_count{{{labels}}} {float(cumulative)}",
+    ]
+    return lines
 
 
 async def reset_prefix_cache(request: Request) -> Any:
