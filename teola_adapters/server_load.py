@@ -50,14 +50,17 @@ def parse_reading(text: str) -> ServerReading | None:
     # vLLM's page is long (histograms per model): only the gauges' lines are parsed
     lines = "\n".join(line for line in text.splitlines() if line.startswith(GAUGES))
     sums: dict[str, float] = {}
-    gap_buckets: dict[float, float] = {}  # upper bound -> cumulative count, summed over engines
+    gap_buckets: dict[float, float] | None = {}  # upper bound -> cumulative count, summed over engines
     kv_tokens: int | None = None
     for family in parser.text_string_to_metric_families(lines + "\n"):
         if family.name in SERIES:
             sums[family.name] = sums.get(family.name, 0.0) + sum(sample.value for sample in family.samples)
-        elif family.name == TOKEN_GAP_BUCKETS:
+        elif family.name == TOKEN_GAP_BUCKETS and gap_buckets is not None:
             for sample in family.samples:
-                bound = float(sample.labels["le"])
+                bound = bucket_bound(sample.labels)
+                if bound is None:  # not a histogram Teola can read: its costs stay unknown, the load is read
+                    gap_buckets = None
+                    break
                 gap_buckets[bound] = gap_buckets.get(bound, 0.0) + sample.value
         elif family.name == CACHE_CONFIG:
             sizes = [kv_pool_tokens(sample.labels) for sample in family.samples]
@@ -65,8 +68,16 @@ def parse_reading(text: str) -> ServerReading | None:
             kv_tokens = sum(known) if known and len(known) == len(sizes) else None
     if RUNNING not in sums or WAITING not in sums:
         return None
-    costs = ServerCosts.from_series(sums, gap_buckets)
+    costs = ServerCosts.from_series(sums, gap_buckets) if gap_buckets is not None else None
     return ServerReading(int(sums[RUNNING]), int(sums[WAITING]), sums.get(KV_USAGE), kv_tokens, costs)
+
+
+def bucket_bound(labels: dict[str, str]) -> float | None:
+    """A histogram bucket's upper bound (`le`, "+Inf" included); None if it has none."""
+    try:
+        return float(labels["le"])
+    except (KeyError, ValueError):
+        return None
 
 
 def kv_pool_tokens(labels: dict[str, str]) -> int | None:

@@ -299,9 +299,10 @@ class SimLLM(Engine, KVRetention, KVPool):
                 self.stats.max_running = max(self.stats.max_running, len(batch))
                 self.stats.busy_s += seconds
                 self.stats.prefill_s += seconds * len(admitted)
-                if batch:
-                    self.stats.token_gap_s += seconds * len(batch)
-                    self.stats.token_gaps[gap_bucket(seconds)] += len(batch)
+                gaps = sum(1 for seq in batch if seq.emitted)  # a sequence's first token ends no gap (vLLM's TTFT)
+                if gaps:
+                    self.stats.token_gap_s += seconds * gaps
+                    self.stats.token_gaps[gap_bucket(seconds)] += gaps
                 await self.clock.spend(seconds, always_yield=True)  # callers submit work between steps
                 for job in admitted:
                     if not job.future.done():

@@ -6,11 +6,12 @@ sooner while long ones wait: the mean completion time falls where program length
 as Autellix's least-attained-service queues show. The price is paid by the programs held
 back: a program that climbs to a higher level may be held back there, its cached context
 is evicted meanwhile and computed again when it goes on, about once per level, and a
-program of n calls climbs `n.bit_length()` levels. So the order pays where those
+program of n calls climbs `(n - 1).bit_length()` levels (its call k+1 waits at level
+`k.bit_length()`). So the order pays where those
 recomputations cost the server less than the program's own writing, and start order
 (Continuum's) is right where they cost more:
 
-    levels x (mean context x seconds per computed prompt token)
+    levels x (mean context, prompt and answer, x seconds per computed prompt token)
         <  calls x (mean answer x seconds per written token)
 
 The costs per token come from the server's `/metrics` (`ServerCosts`: prefill seconds
@@ -51,8 +52,7 @@ def choose_order(costs: ServerCosts | None, rate: TokenRate, calls_per_program: 
     context, answer = rate.mean_prompt_tokens, rate.mean_answer_tokens
     if prompt_s is None or output_s is None or context is None or not answer or calls_per_program < 1:
         return AdmissionChoice("start", "by start until the server's costs and the calls' lengths are known")
-    calls = max(1, round(calls_per_program))
-    levels = calls.bit_length()
+    levels = (max(1, round(calls_per_program)) - 1).bit_length()
     recompute_s = levels * (context + answer) * prompt_s
     writing_s = calls_per_program * answer * output_s
     compared = (

@@ -81,9 +81,10 @@ class ServerCosts:
 
 def median_of_buckets(buckets: Sequence[tuple[float, float]]) -> float | None:
     """A cumulative histogram's median, linear within its bucket as Prometheus's
-    `histogram_quantile` takes it (the last finite bound if it falls in +Inf)."""
+    `histogram_quantile` takes it (the last finite bound if it falls in +Inf; None without
+    observations or without a finite bound)."""
     total = buckets[-1][1] if buckets else 0.0
-    if total <= 0:
+    if total <= 0 or not any(math.isfinite(bound) for bound, _ in buckets):
         return None
     rank = total / 2
     lower, below = 0.0, 0.0

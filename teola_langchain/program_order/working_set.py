@@ -1,4 +1,4 @@
-"""Which graph runs may call a model server now: the oldest whose contexts fit its KV cache.
+"""Which graph runs may call a model server now: the first in line whose contexts fit its KV cache.
 
 An agent's context grows every turn and it needs all of it at every call. When more runs
 are under way than the server's KV cache holds, each run coming back from a tool finds
@@ -6,14 +6,14 @@ its prefix evicted by the others and the server computes it again, evicting the 
 one's: the cache thrashes. vLLM says how big its cache is (`vllm:cache_config_info`:
 `num_gpu_blocks` x `block_size`, read by `teola_adapters.server_load`), so Teola applies
 the agent runtime's rule (`teola_core.agents.admission`) to the runs' model calls: a run
-calls only while it is among the oldest runs whose contexts, summed, fit the cache; the
-others wait before their next call, never inside one, and go in as older runs end. The
-oldest run always may, and an idle server always takes the next run in line, so a cache
-too small for any one context never stops the work.
+calls only while it is among the first runs in line whose contexts, summed, fit the
+cache; the others wait before their next call, never inside one, and go in as the runs
+ahead end. The first run always may, and an idle server always takes the next run in
+line, so a cache too small for any one context never stops the work.
 
 The line is by start, or by model calls made where the server's own costs say that pays
-(`teola_core.agents.admission_order`: computing a context again cheaper than writing an
-answer), read from the same `/metrics`.
+(`teola_core.agents.admission_order`: a run's recomputations cheaper than its writing),
+read from the same `/metrics`.
 
 A context's size is the call's prompt in tokens plus its answer. The server counts
 tokens, Teola sees text: the size is the prompt's characters times the tokens per

@@ -88,6 +88,27 @@ def test_what_the_servers_work_costs_comes_from_its_request_histograms() -> None
     assert parse_reading(VLLM_PAGE + COSTS_PAGE.split("# TYPE vllm:inter_token")[0]).costs is None  # one missing
 
 
+@pytest.mark.parametrize(
+    ("bucket", "why"),
+    [
+        ('vllm:inter_token_latency_seconds_bucket{engine="0",model_name="m"} 3.0', "no bound"),
+        (
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="soon",model_name="m"} 3.0',
+            "a bound that is no number",
+        ),
+    ],
+)
+def test_a_gap_histogram_teola_cannot_read_leaves_the_costs_unknown_and_the_load_read(bucket: str, why: str) -> None:
+    reading = parse_reading(VLLM_PAGE + COSTS_PAGE + bucket + "\n")
+    assert reading is not None and reading.running == 12 and reading.costs is None, why
+
+
+def test_a_gap_histogram_with_only_its_infinite_bucket_gives_no_median() -> None:
+    only_inf = COSTS_PAGE.replace('le="0.025"', 'le="+Inf"').replace('le="0.05"', 'le="+Inf"')
+    reading = parse_reading(VLLM_PAGE + only_inf)
+    assert reading is not None and reading.costs is not None and reading.costs.output_token_s is None
+
+
 def test_the_root_of_an_openai_base_url() -> None:
     assert root_of("http://h:8000/v1") == root_of("http://h:8000/v1/") == "http://h:8000"
     assert root_of("http://h:8000") == "http://h:8000"

@@ -198,3 +198,51 @@ def test_by_attained_service_programs_with_fewer_calls_go_first_and_fill_the_roo
 def test_an_unknown_admission_order_is_named() -> None:
     with pytest.raises(ValueError, match="admission order must be one of"):
         AdmissionRule(100, order="shortest")  # type: ignore[arg-type]
+
+
+def test_by_attained_service_a_program_moves_up_as_its_call_starts_and_its_room_passes_on_at_once() -> None:
+    """A program whose call moves it up a level out of the room is not stopped (its call
+    runs on, `go` stays), but the next program in line may call at once."""
+    rule = AdmissionRule(capacity_tokens=100, order="attained")
+    rule.set_context("a", rank=0, tokens=60)
+    rule.set_context("b", rank=1, tokens=60)
+    assert rule.admitted() == ["a"] and not rule.may_call("b")
+    rule.ask("a")
+    rule.start("a")  # a's first call: a is at level 1 now, b (level 0) first in line
+    assert rule.admitted() == ["b"] and rule.may_call("b") and rule.may_call("a")  # a's call runs on
+    rule.done("a")
+    assert not rule.may_call("a")  # a's next call waits for room
+
+
+def test_by_attained_service_an_idle_engine_lets_the_first_waiting_program_in_line_through() -> None:
+    rule = AdmissionRule(capacity_tokens=100, order="attained")
+    rule.set_context("long", rank=0, tokens=90)
+    for _ in range(2):
+        rule.ask("long")
+        rule.start("long")
+        rule.done("long")  # two calls: level 2
+    rule.set_context("new", rank=1, tokens=90)  # level 0: first in line, admitted; long no longer fits
+    rule.leave("new")
+    rule.set_context("x", rank=2, tokens=200)  # level 0 and alone in line: admitted, though larger than the pool
+    assert rule.admitted() == ["x"]
+    rule.ask("long")
+    assert rule.may_call("long")  # nobody calls: the idle engine lets the next waiting one through
+
+
+def test_a_program_waiting_goes_when_a_new_order_admits_it() -> None:
+    async def scenario() -> bool:
+        admission = ProgramAdmission(100)
+        admission.set_context("old", rank=0, tokens=60)
+        await admission.call("old")
+        admission.done("old")  # old: one call ended, level 1
+        admission.set_context("busy", rank=2, tokens=30)
+        await admission.call("busy")  # calling: the engine is not idle
+        admission.set_context("young", rank=1, tokens=60)
+        waiting = asyncio.create_task(admission.call("young"))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # by start, old is first and young does not fit beside it
+        admission.set_order("attained")  # young (no call yet) is first in line now, beside busy's 30
+        await asyncio.wait_for(waiting, 5)  # let through: its call started (and moved it to level 1)
+        return admission.rule.entries["young"].calling == 1
+
+    assert asyncio.run(scenario())
