@@ -28,13 +28,12 @@ not fit: short programs then finish first while long ones wait. A program's leve
 as its call starts, and if that puts it out of the room its place passes on at once: its
 call runs to its end (never stopped), the next program's prompt waits at the server only
 until then, and the moved program's context is the one to be evicted anyway. Measured on
-the simulated server, this gave 1.66x, 1.37x and 1.65x where keeping a calling
-program's room until its call ended gave 1.50x and 1.28x (seeds 0 and 1, `docs/benchmarks.md`).
-A long program held back loses its cached
-context and has it computed again when it goes on, so which order pays depends on the
-server's costs (`teola_core.agents.admission_order` chooses from them). As in Autellix
-without its starvation guard, a long program held back waits while shorter ones keep
-coming; only an idle engine lets it through before they end.
+the simulated server, this gave 1.66x, 1.37x and 1.65x where keeping a calling program's
+room until its call ended gave 1.50x and 1.28x (seeds 0 and 1, `docs/benchmarks.md`). A
+long program held back loses its cached context and has it computed again when it goes
+on, so which order pays depends on the server's costs (`teola_core.agents.admission_order`
+chooses from them). As in Autellix without its starvation guard, a long program held back
+waits while shorter ones keep coming; only an idle engine lets it through before they end.
 
 The rule itself is `AdmissionRule`, a pure state machine (stimuli in, who may call out),
 tested without an event loop; `ProgramAdmission` mirrors its decisions into one

@@ -89,9 +89,9 @@ def median_of_buckets(buckets: Sequence[tuple[float, float]]) -> float | None:
     rank = total / 2
     lower, below = 0.0, 0.0
     for bound, count in buckets:
-        if count >= rank:
+        if count >= rank:  # below < rank <= count: the median falls in this bucket
             if math.isinf(bound):
                 return lower
-            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+            return lower + (bound - lower) * (rank - below) / (count - below)
         lower, below = bound, count
     return lower
